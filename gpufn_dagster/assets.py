@@ -1,0 +1,169 @@
+"""Functions as Dagster assets: materializing one refreshes its column.
+
+The asset carries its GPU class as tags (`gpufn/gpu-class`, `gpufn/gpu-count`) on the asset and
+on its op, so the run launcher can resolve placement from the asset graph and step launchers
+from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`).
+"""
+
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+from .classes import GpuClass, classes_dir, load_gpu_classes
+from .functions import ErrorPolicy, Function, FunctionDefinitionError, make_function
+from .refresh.engine import Progress, RefreshResult, refresh_column
+from .resources import LanceDBResource
+from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG, gpu_tags
+
+ERRORS_TABLE = "gpufn_errors"
+ERRORS_SCHEMA = pa.schema([
+    ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
+    ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()),
+    ("error", pa.string()), ("traceback", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
+])
+
+
+@functools.lru_cache(maxsize=8)
+def _classes(directory: str, _mtime: float) -> dict[str, GpuClass]:
+    return load_gpu_classes(directory)
+
+
+def resolve_class(function: Function, directory: str | os.PathLike[str] | None = None) -> GpuClass:
+    """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
+    path = classes_dir(directory)
+    classes = _classes(str(path), path.stat().st_mtime if path.exists() else 0.0)
+    label = f"Function {function.name!r}"
+    if function.gpu_class not in classes:
+        raise FunctionDefinitionError(
+            f"{label}: field 'gpu_class': unknown GPU class {function.gpu_class!r}; "
+            f"classes in {path}: {', '.join(sorted(classes))}")
+    gpu_class = classes[function.gpu_class]
+    if function.gpu_count > gpu_class.max_gpu_count_per_worker:
+        raise FunctionDefinitionError(
+            f"{label}: field 'gpu_count': {function.gpu_count} GPUs exceeds class {gpu_class.name!r}'s "
+            f"max_gpu_count_per_worker of {gpu_class.max_gpu_count_per_worker}")
+    return gpu_class
+
+
+def _record_errors(lancedb: LanceDBResource, function: Function, result: RefreshResult, run_id: str) -> None:
+    if not result.errors:
+        return
+    now = datetime.now(timezone.utc)
+    rows = pa.Table.from_pylist([
+        {"function": function.name, "table": function.table, "columns": ",".join(function.columns),
+         "function_version": function.version, "run_id": run_id, "row_address": e.row_address,
+         "error": e.error, "traceback": e.traceback, "recorded_at": now}
+        for e in result.errors], schema=ERRORS_SCHEMA)
+    db = lancedb.connect()
+    db.create_table(ERRORS_TABLE, schema=ERRORS_SCHEMA, exist_ok=True).add(rows)
+
+
+def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult) -> dict[str, Any]:
+    """What each materialization reports, as Dagster metadata."""
+    gpu_seconds = result.wall_seconds * function.gpu_count
+    metadata: dict[str, Any] = {
+        "rows_computed": result.rows_computed,
+        "rows_failed": result.rows_failed,
+        "rows_checked": result.rows_checked,
+        "fragments_visited": f"{result.fragments_visited}/{result.fragments_total}",
+        "table_version_before": result.version_before,
+        "table_version_after": result.version_after,
+        "function_version": result.function_version,
+        "wall_seconds": dg.FloatMetadataValue(round(result.wall_seconds, 3)),
+        "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
+        "dagster/row_count": result.rows_checked,
+    }
+    if function.gpu_count and gpu_class is not None:
+        metadata["gpu_class"] = gpu_class.name
+        metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
+        if gpu_class.price_per_gpu_hour is not None:
+            metadata["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
+    return metadata
+
+
+def function_asset(function: Function, *, classes: str | os.PathLike[str] | None = None) -> dg.AssetsDefinition:
+    """A Dagster asset whose materialization refreshes the Function's column."""
+    gpu_class = resolve_class(function, classes) if function.gpu else None
+    tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
+
+    @dg.asset(
+        name=function.name,
+        deps=[dg.AssetKey(function.source_asset)],
+        tags=tags,
+        op_tags=tags,
+        kinds={"lance", "gpu" if function.gpu else "cpu"},
+        code_version=function.version,
+        description=function.description,
+        group_name=function.group_name,
+        metadata={
+            "table": function.table,
+            "columns": ", ".join(function.columns),
+            "inputs": ", ".join(function.inputs),
+            "output_type": str(function.output_type),
+            "function_version": function.version,
+            "batch_size": function.batch_size,
+            "on_error": function.on_error,
+            **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
+        },
+    )
+    def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
+        def report(progress: Progress) -> None:
+            context.log.info(f"{function.name}: {progress.line()}")
+
+        context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
+                         f"(Function version {function.version}"
+                         + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
+        result = refresh_column(lancedb.table_uri(function.table), function, report=report)
+        _record_errors(lancedb, function, result, context.run_id)
+        return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
+
+    _refresh.gpufn_function = function  # type: ignore[attr-defined]  # read by definitions(), views
+    return _refresh
+
+
+def gpu_function(
+    *,
+    table: str,
+    column: str | Sequence[str],
+    output_type: pa.DataType | None = None,
+    inputs: Sequence[str] | None = None,
+    gpu: bool | None = None,
+    gpu_class: str | None = None,
+    gpu_count: int = 1,
+    batch_size: int = 1024,
+    on_error: ErrorPolicy = "fail",
+    init: dict[str, Any] | None = None,
+    name: str | None = None,
+    source_asset: str | None = None,
+    group_name: str | None = None,
+    classes: str | os.PathLike[str] | None = None,
+) -> Callable[[Any], dg.AssetsDefinition]:
+    """Decorate a function, class or `lancedb.udf` definition to make it a Function asset.
+
+    A Function is a GPU Function when `gpu=True`, when it names a `gpu_class`, or when its
+    `lancedb.udf` definition says `gpu=True`; one without a class runs on the `default` class.
+    """
+
+    def decorate(target: Any) -> dg.AssetsDefinition:
+        function = make_function(
+            target, table=table, column=column, output_type=output_type, inputs=inputs, gpu=gpu,
+            gpu_class=gpu_class, gpu_count=gpu_count, batch_size=batch_size, on_error=on_error, init=init,
+            name=name, source_asset=source_asset, group_name=group_name,
+        )
+        return function_asset(function, classes=classes)
+
+    return decorate
+
+
+def function_of(asset: dg.AssetsDefinition) -> Function | None:
+    """The Function behind an asset made by `gpu_function`, if it is one."""
+    return getattr(asset, "gpufn_function", None)
+
+
+__all__ = ["gpu_function", "function_asset", "function_of", "GPU_CLASS_TAG", "GPU_COUNT_TAG"]

@@ -1,0 +1,243 @@
+"""GPU classes: the operator's named pools of GPU nodes, loaded from one YAML file per class.
+
+A class describes hardware and placement (what a worker may ask for and where it may run), never
+live availability. Everything downstream -- Function validation, pod specs, local slots, capacity
+waits -- reads these models, so loading is strict: an unknown field, a bad toleration or a
+duplicate name rejects the whole directory with a message naming file, class and field, and
+nothing is half-loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from kubernetes.utils.quantity import parse_quantity
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+DEFAULT_CLASS = "default"
+CLASSES_DIR_ENV = "GPUFN_CLASSES_DIR"
+
+# Kubernetes extended resource names: an optional DNS prefix, a slash, and a name (e.g.
+# nvidia.com/gpu, nvidia.com/mig-1g.10gb). Dagster tag values allow [A-Za-z0-9_.-]{0,63}.
+_RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class GpuClassError(ValueError):
+    """One or more class files are invalid; the message lists every problem found."""
+
+
+def parse_bytes(value: Any) -> Any:
+    """Accept byte counts as integers or as '80GiB', '80Gi', '80GB', '512MiB' (Kubernetes units)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("B"):
+            text = text[:-1]
+        try:
+            return int(parse_quantity(text))
+        except ValueError as err:
+            raise ValueError(f"not a byte size: {value!r} (use e.g. 80GiB or 85899345920)") from err
+    return value
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept durations as seconds, ISO 8601, or '90s' / '30m' / '2h' / '1d'."""
+    if isinstance(value, str) and (match := _DURATION.match(value)):
+        return timedelta(seconds=float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+    return value
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes), Field(gt=0)]
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Toleration(_Strict):
+    """A Kubernetes toleration, written out explicitly on every worker pod of the class."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(
+        default=None, validation_alias=AliasChoices("toleration_seconds", "tolerationSeconds")
+    )
+
+    @model_validator(mode="after")
+    def _operator_value(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("toleration_seconds applies only to effect NoExecute")
+        return self
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The toleration as the Kubernetes API spells it (camelCase, no empty fields)."""
+        out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
+               "tolerationSeconds": self.toleration_seconds}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+class NodeSelectorRequirement(_Strict):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> NodeSelectorRequirement:
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator not in ("Exists", "DoesNotExist") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        return self
+
+
+class NodeSelectorTerm(_Strict):
+    """One required node-affinity term; a node must match every expression of some term."""
+
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        min_length=1, validation_alias=AliasChoices("match_expressions", "matchExpressions")
+    )
+
+
+class LocalSlots(_Strict):
+    """The embedded mode's capacity: how many GPU workers of this class may run at once here."""
+
+    slots: int = Field(default=1, ge=0)
+    devices: list[str] = Field(default_factory=list)
+
+
+class GpuClass(_Strict):
+    """A named pool of GPU nodes: where its workers run and what one worker may ask for."""
+
+    name: str
+    resource_name: str = "nvidia.com/gpu"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    node_affinity: list[NodeSelectorTerm] = Field(default_factory=list)
+    gpu_model: str
+    gpu_memory_bytes: Bytes = Field(validation_alias=AliasChoices("gpu_memory_bytes", "gpu_memory"))
+    max_gpu_count_per_worker: int = Field(ge=1, le=64)
+    cpu: str | None = None
+    memory: str | None = None
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    max_wait: Duration | None = None
+    local: LocalSlots = Field(default_factory=LocalSlots)
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _CLASS_NAME.match(value):
+            raise ValueError("must be lowercase letters, digits, '-' or '.', at most 63 characters")
+        return value
+
+    @field_validator("resource_name")
+    @classmethod
+    def _resource_name(cls, value: str) -> str:
+        if not _RESOURCE_NAME.match(value) or len(value) > 253:
+            raise ValueError("must be a Kubernetes extended resource name such as nvidia.com/gpu")
+        return value
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_quantity(value)
+            except ValueError as err:
+                raise ValueError(f"not a Kubernetes quantity: {value!r}") from err
+        return value
+
+    @field_validator("max_wait")
+    @classmethod
+    def _positive_wait(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value.total_seconds() <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    def summary(self) -> dict[str, Any]:
+        """The listing view: the attributes LanceDB's GPU-class documentation uses, plus placement."""
+        return {
+            "name": self.name,
+            "resource_name": self.resource_name,
+            "gpu_model": self.gpu_model,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "max_gpu_count_per_worker": self.max_gpu_count_per_worker,
+            "node_selector": dict(self.node_selector),
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "max_wait_seconds": self.max_wait.total_seconds() if self.max_wait else None,
+            "local_slots": self.local.slots,
+        }
+
+
+def classes_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """Where class files live: the argument, else $GPUFN_CLASSES_DIR, else ./classes."""
+    return Path(path or os.environ.get(CLASSES_DIR_ENV) or "classes")
+
+
+def _format_error(file: Path, class_name: str, err: ValidationError) -> list[str]:
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
+        lines.append(f"{file}: class {class_name!r}: field {loc or '(class)'!r}: {item['msg']}")
+    return lines
+
+
+def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, GpuClass]:
+    """Load and validate every class file in the directory, or raise GpuClassError listing all problems."""
+    directory = classes_dir(path)
+    if not directory.is_dir():
+        raise GpuClassError(f"{directory}: GPU class directory not found (set {CLASSES_DIR_ENV})")
+    problems: list[str] = []
+    loaded: dict[str, tuple[Path, GpuClass]] = {}
+    for file in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
+        try:
+            raw = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as err:
+            problems.append(f"{file}: not valid YAML: {err}")
+            continue
+        if not isinstance(raw, dict):
+            problems.append(f"{file}: expected one class as a mapping of fields, got {type(raw).__name__}")
+            continue
+        class_name = str(raw.get("name", file.stem))
+        try:
+            gpu_class = GpuClass.model_validate(raw)
+        except ValidationError as err:
+            problems.extend(_format_error(file, class_name, err))
+            continue
+        if gpu_class.name in loaded:
+            problems.append(
+                f"{file}: class {gpu_class.name!r}: field 'name': duplicate, also defined in {loaded[gpu_class.name][0]}"
+            )
+            continue
+        loaded[gpu_class.name] = (file, gpu_class)
+    if not problems and DEFAULT_CLASS not in loaded:
+        problems.append(f"{directory}: no class named {DEFAULT_CLASS!r}; Functions that name no class need one")
+    if problems:
+        raise GpuClassError("invalid GPU classes:\n  " + "\n  ".join(problems))
+    return {name: gpu_class for name, (_, gpu_class) in loaded.items()}
+
+
+def list_gpu_classes(path: str | os.PathLike[str] | None = None) -> list[GpuClass]:
+    """The configured GPU classes, sorted by name."""
+    return sorted(load_gpu_classes(path).values(), key=lambda c: c.name)

@@ -1,0 +1,239 @@
+"""The Function spec: a Python callable that computes one column (or several) of a LanceDB table.
+
+This module is pure: it inspects the callable once (calling convention, inputs, output type,
+version) so the refresh engine can call it without guessing. It follows lancedb's `udf`
+conventions: a scalar function is called per row; parameters annotated `pyarrow.Array`, or a
+single `pyarrow.RecordBatch` parameter, make it a batch function; a class is constructed once per
+worker with its init values, called per row or batch, and `close()`d at the end.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from .classes import DEFAULT_CLASS
+
+ErrorPolicy = Literal["fail", "skip"]
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PY_TO_ARROW: dict[Any, pa.DataType] = {
+    int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
+}
+
+
+class FunctionDefinitionError(ValueError):
+    """A Function's declaration does not fit its table, class or callable."""
+
+
+class CallStyle(enum.Enum):
+    ROW = "row"
+    ARRAYS = "arrays"
+    RECORD_BATCH = "record_batch"
+
+
+def _annotation_to_arrow(annotation: Any) -> pa.DataType | None:
+    if annotation in _PY_TO_ARROW:
+        return _PY_TO_ARROW[annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (list, Sequence):
+        (item,) = typing.get_args(annotation) or (None,)
+        inner = _annotation_to_arrow(item)
+        return pa.list_(inner) if inner is not None else None
+    if origin is typing.Annotated:
+        for extra in typing.get_args(annotation)[1:]:
+            if isinstance(extra, pa.DataType):
+                return extra
+    return None
+
+
+def _arrow_type_from_name(name: str) -> pa.DataType | None:
+    """Arrow types as lancedb's udf signature spells them ('int64', 'utf8', 'list<float64>')."""
+    match = re.fullmatch(r"(?:large_)?list<(.+)>", name)
+    if match:
+        inner = _arrow_type_from_name(match.group(1))
+        return pa.list_(inner) if inner is not None else None
+    try:
+        return pa.type_for_alias(name)
+    except ValueError:
+        return None
+
+
+def _unwrap(target: Any) -> tuple[Any, str | None]:
+    """The original callable behind a `lancedb.udf` definition, and its source digest if any."""
+    request = getattr(target, "registration_request", None)
+    original = getattr(target, "_function", None)
+    if request is not None and original is not None:
+        return original, request.artifact.digest
+    return target, None
+
+
+def _source_digest(target: Any) -> str:
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        source = getattr(target, "__qualname__", repr(target))
+    return "sha256:" + hashlib.sha256(source.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Function:
+    """Everything the refresh engine and the launcher need to know about one Function column."""
+
+    name: str
+    table: str
+    columns: tuple[str, ...]
+    output_type: pa.DataType
+    inputs: tuple[str, ...]
+    call_style: CallStyle
+    target: Any
+    is_class: bool
+    init: Mapping[str, Any]
+    gpu: bool
+    gpu_class: str
+    gpu_count: int
+    batch_size: int
+    on_error: ErrorPolicy
+    version: str
+    source_asset: str
+    description: str | None = None
+    group_name: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sig_column(self) -> str:
+        """Hidden column holding, per row, the digest of the Function version and the inputs used."""
+        return f"_gpufn_sig_{self.columns[0]}"
+
+    @property
+    def output_fields(self) -> list[pa.Field]:
+        if len(self.columns) == 1:
+            return [pa.field(self.columns[0], self.output_type)]
+        return [pa.field(name, f.type) for name, f in zip(self.columns, self.output_type, strict=True)]
+
+    def open(self) -> Callable[..., Any]:
+        """Construct the callable a worker uses (a class is instantiated once, with its init values)."""
+        return self.target(**self.init) if self.is_class else self.target
+
+
+def _call_signature(target: Any, is_class: bool) -> inspect.Signature:
+    fn = target.__call__ if is_class else target
+    sig = inspect.signature(fn)
+    if is_class:
+        params = list(sig.parameters.values())[1:]  # drop self
+        sig = sig.replace(parameters=params)
+    return sig
+
+
+def _hints(target: Any, is_class: bool) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(target.__call__ if is_class else target, include_extras=True)
+    except Exception:  # unresolved forward references: fall back to raw annotations
+        return {}
+
+
+def make_function(
+    target: Any,
+    *,
+    table: str,
+    column: str | Sequence[str],
+    output_type: pa.DataType | None = None,
+    inputs: Sequence[str] | None = None,
+    gpu: bool | None = None,
+    gpu_class: str | None = None,
+    gpu_count: int = 1,
+    batch_size: int = 1024,
+    on_error: ErrorPolicy = "fail",
+    init: Mapping[str, Any] | None = None,
+    name: str | None = None,
+    source_asset: str | None = None,
+    version: str | None = None,
+    description: str | None = None,
+    group_name: str | None = None,
+) -> Function:
+    """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec."""
+    original, udf_digest = _unwrap(target)
+    is_class = inspect.isclass(original)
+    label = f"Function {name or getattr(original, '__name__', '?')!r}"
+    columns = (column,) if isinstance(column, str) else tuple(column)
+    for col in (*columns, table):
+        if not _IDENTIFIER.match(col):
+            raise FunctionDefinitionError(f"{label}: field 'column'/'table': {col!r} is not a plain identifier")
+    if on_error not in ("fail", "skip"):
+        raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {on_error!r}")
+    if batch_size < 1:
+        raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
+    if gpu_count < 0:
+        raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+
+    sig = _call_signature(original, is_class)
+    hints = _hints(original, is_class)
+    params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    annotations = [hints.get(p.name, p.annotation) for p in params]
+    if len(params) == 1 and annotations[0] is pa.RecordBatch:
+        style = CallStyle.RECORD_BATCH
+        if not inputs:
+            raise FunctionDefinitionError(f"{label}: field 'inputs': a RecordBatch Function must name its input columns")
+    elif params and all(a is pa.Array for a in annotations):
+        style = CallStyle.ARRAYS
+    else:
+        style = CallStyle.ROW
+    if inputs is None:
+        inputs = [p.name for p in params]
+    if not inputs:
+        raise FunctionDefinitionError(f"{label}: field 'inputs': the Function reads no column")
+
+    if output_type is None:
+        request = getattr(target, "registration_request", None)
+        if request is not None and request.signature.output.arrow_type:
+            output_type = _arrow_type_from_name(request.signature.output.arrow_type)
+        if output_type is None:
+            output_type = _annotation_to_arrow(hints.get("return", sig.return_annotation))
+    if output_type is None:
+        raise FunctionDefinitionError(
+            f"{label}: field 'output_type': cannot infer the Arrow type from the return annotation; pass output_type="
+        )
+    if len(columns) > 1 and (not pa.types.is_struct(output_type) or output_type.num_fields != len(columns)):
+        raise FunctionDefinitionError(
+            f"{label}: field 'column': {len(columns)} columns need a struct output with {len(columns)} fields, "
+            f"got {output_type}"
+        )
+    if gpu is None:
+        request = getattr(target, "registration_request", None)
+        gpu = bool(request.runtime.gpu) if request is not None else gpu_class is not None
+    init = dict(init or {})
+    # Version: the code (lancedb's artifact digest when it has one) plus every option that changes
+    # values. Changing any of them makes every row stale.
+    payload = json.dumps(
+        {"code": udf_digest or _source_digest(original), "inputs": list(inputs), "columns": list(columns),
+         "type": str(output_type), "init": init, "on_error": on_error},
+        sort_keys=True, default=repr,
+    )
+    return Function(
+        name=name or f"{table}__{columns[0]}",
+        table=table,
+        columns=columns,
+        output_type=output_type,
+        inputs=tuple(inputs),
+        call_style=style,
+        target=original,
+        is_class=is_class,
+        init=init,
+        gpu=gpu,
+        gpu_class=gpu_class or DEFAULT_CLASS,
+        gpu_count=gpu_count if gpu else 0,
+        batch_size=batch_size,
+        on_error=on_error,
+        version=version or hashlib.sha256(payload.encode()).hexdigest()[:16],
+        source_asset=source_asset or table,
+        description=description or inspect.getdoc(original),
+        group_name=group_name,
+    )

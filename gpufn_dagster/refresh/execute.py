@@ -1,0 +1,83 @@
+"""Calling a Function on a batch of rows, with its error policy.
+
+Returns values for every row asked (NULL where a row failed under `on_error="skip"`) plus the
+failures, so the caller decides what to persist. A batch Function that raises under "skip" is
+retried row by row (as one-row batches) to pin the failure on the rows that caused it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ..functions import CallStyle, Function
+
+
+class FunctionFailed(RuntimeError):
+    """The Function raised on a row under on_error='fail'; the refresh stops, committed work stays."""
+
+
+@dataclass(frozen=True)
+class RowError:
+    row_address: int
+    error: str
+    traceback: str
+
+
+def _to_array(result: Any, data_type: pa.DataType, rows: int) -> pa.Array:
+    if isinstance(result, pa.ChunkedArray):
+        result = result.combine_chunks()
+    array = result if isinstance(result, pa.Array) else pa.array(result, type=data_type)
+    if array.type != data_type:
+        array = array.cast(data_type)
+    if len(array) != rows:
+        raise ValueError(f"returned {len(array)} values for {rows} rows")
+    return array
+
+
+def _call_batch(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch) -> pa.Array:
+    if function.call_style is CallStyle.RECORD_BATCH:
+        result = call(inputs)
+    else:
+        result = call(**{name: inputs.column(name) for name in function.inputs})
+    return _to_array(result, function.output_type, inputs.num_rows)
+
+
+def call_function(
+    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: list[int]
+) -> tuple[pa.Array, list[RowError]]:
+    """Values for each input row, and the rows that failed (only under on_error='skip')."""
+    if function.call_style is not CallStyle.ROW:
+        try:
+            return _call_batch(call, function, inputs), []
+        except Exception as err:
+            if function.on_error == "fail":
+                raise FunctionFailed(f"Function {function.name!r} failed on a batch of {inputs.num_rows} rows: {err!r}") from err
+            if inputs.num_rows == 1:
+                return pa.nulls(1, function.output_type), [
+                    RowError(row_addresses[0], repr(err), traceback.format_exc())]
+        values: list[pa.Array] = []
+        errors: list[RowError] = []
+        for i in range(inputs.num_rows):
+            value, row_errors = call_function(call, function, inputs.slice(i, 1), row_addresses[i:i + 1])
+            values.append(value)
+            errors.extend(row_errors)
+        return pa.concat_arrays(values), errors
+
+    columns = [inputs.column(name).to_pylist() for name in function.inputs]
+    out: list[Any] = []
+    errors = []
+    for i, args in enumerate(zip(*columns, strict=True)):
+        try:
+            out.append(call(**dict(zip(function.inputs, args, strict=True))))
+        except Exception as err:
+            if function.on_error == "fail":
+                raise FunctionFailed(
+                    f"Function {function.name!r} failed on row address {row_addresses[i]}: {err!r}") from err
+            out.append(None)
+            errors.append(RowError(row_addresses[i], repr(err), traceback.format_exc()))
+    return _to_array(out, function.output_type, inputs.num_rows), errors

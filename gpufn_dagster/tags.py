@@ -1,0 +1,11 @@
+"""The run and asset tags this plugin reads and writes (values obey Dagster's tag rules)."""
+
+from __future__ import annotations
+
+GPU_CLASS_TAG = "gpufn/gpu-class"
+GPU_COUNT_TAG = "gpufn/gpu-count"
+CAPACITY_TAG = "gpufn/capacity"
+
+
+def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
+    return {GPU_CLASS_TAG: gpu_class, GPU_COUNT_TAG: str(gpu_count)}
