@@ -120,7 +120,7 @@ def function_asset(function: Function, *, classes: str | os.PathLike[str] | None
                          f"(Function version {function.version}"
                          + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
         result = refresh_column(lancedb.table_uri(function.table), function, report=report)
-        _record_errors(lancedb, function, result, context.run_id)
+        _record_errors(lancedb, function, result, context.run.run_id)
         return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 
     _refresh.gpufn_function = function  # type: ignore[attr-defined]  # read by definitions(), views

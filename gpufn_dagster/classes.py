@@ -35,7 +35,7 @@ CLASSES_DIR_ENV = "GPUFN_CLASSES_DIR"
 # nvidia.com/gpu, nvidia.com/mig-1g.10gb). Dagster tag values allow [A-Za-z0-9_.-]{0,63}.
 _RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -232,7 +232,8 @@ def make_function(
         gpu_count=gpu_count if gpu else 0,
         batch_size=batch_size,
         on_error=on_error,
-        version=version or hashlib.sha256(payload.encode()).hexdigest()[:16],
+        # A user-given version (e.g. a release name) is hashed too: the engine needs 16 hex digits.
+        version=hashlib.sha256((version or payload).encode()).hexdigest()[:16],
         source_asset=source_asset or table,
         description=description or inspect.getdoc(original),
         group_name=group_name,

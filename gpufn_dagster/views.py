@@ -3,7 +3,8 @@
 lancedb keeps the view's provenance (`__source_row_id`, the last source version) and refreshes
 only what changed when it can reconcile the source's changes, rebuilding otherwise. Function
 columns on a view are ordinary Function assets whose `source_asset` is the view, so the graph
-refreshes the view first and its Functions after.
+refreshes the view first and its Functions after; a rebuild keeps their values (see
+`refresh.carry`), so they too recompute only rows that are new or changed.
 """
 
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from .refresh.carry import carry_over
 from .resources import LanceDBResource, TableNotFound
 
 
@@ -45,15 +47,19 @@ def materialized_view_asset(
         else:
             context.log.info(f"creating materialized view {name!r} over {source!r}")
             view = db.create_materialized_view(name, source, select=select, where=where)
+        version_before = db.open_table(name).version
         result = view.refresh()
+        carried = carry_over(lancedb.table_uri(name), version_before) if str(result.mode) == "rebuild" else 0
         wall = time.monotonic() - started
         context.log.info(f"view {name!r}: {result.mode} refresh wrote {result.rows_written:,} rows "
-                         f"from source version {result.source_version} in {wall:.2f}s")
+                         f"from source version {result.source_version} in {wall:.2f}s"
+                         + (f"; kept the Function values of {carried:,} rows" if carried else ""))
         return dg.MaterializeResult(metadata={
             "refresh_mode": str(result.mode),
             "rows_written": result.rows_written,
             "source_version": result.source_version,
             "view_version": result.version,
+            "function_rows_kept": carried,
             "wall_seconds": dg.FloatMetadataValue(round(wall, 3)),
             "dagster/row_count": db.open_table(name).count_rows(),
         })

@@ -11,7 +11,6 @@ see a column half from one Function version and half from another.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +19,13 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.file import LanceFileWriter
 
 from ..functions import Function, FunctionDefinitionError
+from .arrow_types import datafusion_type
 from .checkpoint import CheckpointStore
 from .execute import RowError, call_function
-from .plan import FragmentWork, field_ids, plan_fragments, signature_expression
+from .plan import field_ids, plan_fragments, signature_expression
+from .write import FragmentFileWriter, align_to_physical
 
 SIG_NOW = "__gpufn_sig_now"
 ADDRESS = "_rowaddr"
@@ -79,22 +79,39 @@ class RefreshResult:
         return self.rows_computed / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-def _storage_version(dataset: lance.LanceDataset) -> tuple[str, int, int]:
-    version = dataset.data_storage_version
-    if version in ("legacy", "0.1"):
-        raise FunctionDefinitionError(
-            f"table {dataset.uri}: Lance file format {version} cannot hold per-fragment column files; "
-            "rewrite it with data_storage_version='stable'")
-    major, minor = (int(p) for p in version.split("."))
-    return version, major, minor
+VIEW_DEFINITION_KEY = b"mv.definition"
+SIG_COLUMN_KEY = "gpufn.sig_column"
+
+
+def is_view(schema: pa.Schema) -> bool:
+    return VIEW_DEFINITION_KEY in (schema.metadata or {})
+
+
+def declared_fields(function: Function, on_view: bool) -> list[pa.Field]:
+    """The output and signature fields, tagged with the signature column they belong to.
+
+    On a lancedb materialized view every column the view's query does not produce must be a
+    lancedb computed column, or the view refuses to refresh; there they are declared as SQL
+    computed columns that yield NULL (rows the view adds stay unfilled until this engine fills
+    them).
+    """
+    fields = [*function.output_fields, pa.field(function.sig_column, pa.binary())]
+    tagged = []
+    for f in fields:
+        metadata = {SIG_COLUMN_KEY: function.sig_column, "gpufn.function": function.name}
+        if on_view:
+            metadata.update({"computed_column": "true", "computed_column.kind": "sql", "computed_column.inputs": "[]",
+                             "computed_column.expression": f"arrow_cast(NULL, '{datafusion_type(f.type)}')"})
+        tagged.append(f.with_metadata(metadata))
+    return tagged
 
 
 def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
     """Add the output and signature columns (all-NULL, metadata only) if missing; check their types."""
-    wanted = [*function.output_fields, pa.field(function.sig_column, pa.binary())]
     for attempt in range(_COMMIT_ATTEMPTS):
         dataset = lance.dataset(table_uri)
         schema = dataset.schema
+        wanted = declared_fields(function, is_view(schema))
         for name in function.inputs:
             if name not in schema.names:
                 raise FunctionDefinitionError(
@@ -115,41 +132,6 @@ def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
             if attempt == _COMMIT_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
-
-
-class _FragmentWriter:
-    """Streams one fragment's output batches into a Lance file aligned to its physical rows."""
-
-    def __init__(self, dataset: lance.LanceDataset, function: Function, work: FragmentWork, schema: pa.Schema):
-        version, self.major, self.minor = _storage_version(dataset)
-        self.name = f"gpufn-{function.version}-{work.inputs_hash}-{uuid.uuid4().hex}.lance"
-        self.schema = schema
-        self.writer = LanceFileWriter(f"{dataset.uri}/data/{self.name}", schema, version=version)
-        self.rows = 0
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self.writer.write_batch(batch)
-            self.rows += batch.num_rows
-
-    def pad_to(self, rows: int) -> None:
-        if rows > self.rows:
-            self.write(pa.RecordBatch.from_arrays(
-                [pa.nulls(rows - self.rows, f.type) for f in self.schema], schema=self.schema))
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _align(batch: pa.RecordBatch, offsets: np.ndarray, start: int, schema: pa.Schema) -> pa.RecordBatch:
-    """Place live rows at their physical offsets in [start, last+1); deleted rows become NULL."""
-    end = int(offsets[-1]) + 1
-    if end - start == len(offsets):
-        return batch
-    index = np.full(end - start, -1, dtype=np.int64)
-    index[offsets - start] = np.arange(len(offsets))
-    take = pa.array(index, mask=index < 0)
-    return pa.RecordBatch.from_arrays([col.take(take) for col in batch.columns], schema=schema)
 
 
 def _compute_batch(
@@ -209,13 +191,12 @@ def refresh_column(
                 visited += 1
                 done = store.load_fragment(item)
                 if done is not None and (Path(dataset.uri) / "data" / done["file"]).exists():
-                    groups.append(lance.LanceOperation.DataReplacementGroup(
-                        item.fragment_id, lance.fragment.DataFile(done["file"], out_ids, list(range(len(out_ids))),
-                                                                  done["major"], done["minor"])))
+                    groups.append(lance.LanceOperation.DataReplacementGroup(item.fragment_id, lance.fragment.DataFile(
+                        done["file"], out_ids, list(range(len(out_ids))), done["major"], done["minor"])))
                     progress.rows_scanned += item.live_rows
                     continue
                 fragment = dataset.get_fragment(item.fragment_id)
-                writer = _FragmentWriter(dataset, function, item, out_schema)
+                writer = FragmentFileWriter(dataset, f"gpufn-{function.version}-{item.inputs_hash}", out_schema)
                 next_offset = 0
                 fragment_computed = fragment_failed = 0
                 scanner = fragment.scanner(columns=scan_columns, batch_size=function.batch_size,
@@ -243,7 +224,7 @@ def refresh_column(
                         errors.extend(batch_errors)
                         out = pa.RecordBatch.from_arrays([*columns, batch.column(SIG_NOW)], schema=out_schema)
                         writer.pad_to(start)
-                        aligned = _align(out, offsets, start, out_schema)
+                        aligned = align_to_physical(out, offsets, start, out_schema)
                         store.save_batch(item, start, end, aligned, _error_records(batch_errors))
                     writer.pad_to(start)
                     writer.write(aligned)
@@ -259,9 +240,7 @@ def refresh_column(
                 store.save_fragment(item, {"file": writer.name, "major": writer.major, "minor": writer.minor,
                                            "computed": fragment_computed, "failed": fragment_failed})
                 store.discard_batches(item)
-                groups.append(lance.LanceOperation.DataReplacementGroup(
-                    item.fragment_id,
-                    lance.fragment.DataFile(writer.name, out_ids, list(range(len(out_ids))), writer.major, writer.minor)))
+                groups.append(lance.LanceOperation.DataReplacementGroup(item.fragment_id, writer.data_file(out_ids)))
             if not groups:
                 version_after = dataset.version
                 break

@@ -1,0 +1,75 @@
+"""The `gpufn` command: list GPU classes, serve the HTTP API, run a development cluster."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from .classes import GpuClassError, list_gpu_classes
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:g}GiB"
+
+
+@click.group()
+def main() -> None:
+    """GPU Functions on LanceDB tables, from Dagster."""
+
+
+@main.command()
+@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory (default ./classes).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def classes(directory: str | None, as_json: bool) -> None:
+    """List the configured GPU classes."""
+    try:
+        found = list_gpu_classes(directory)
+    except GpuClassError as err:
+        click.echo(str(err), err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps([c.summary() for c in found], indent=2))
+        return
+    from tabulate import tabulate
+
+    rows = [[c.name, c.gpu_model, _gib(c.gpu_memory_bytes), c.resource_name, c.max_gpu_count_per_worker,
+             c.local.slots, "" if c.price_per_gpu_hour is None else f"${c.price_per_gpu_hour:.2f}"] for c in found]
+    click.echo(tabulate(rows, headers=["NAME", "GPU MODEL", "GPU MEMORY", "RESOURCE", "MAX GPUS/WORKER",
+                                       "LOCAL SLOTS", "PRICE/GPU-H"]))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8765, show_default=True, type=int)
+@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
+@click.option("--token", envvar="GPUFN_API_TOKEN", default=None, help="Require this bearer token (or $GPUFN_API_TOKEN).")
+def serve(host: str, port: int, directory: str | None, token: str | None) -> None:
+    """Serve GET /v1/gpu/classes."""
+    import uvicorn
+
+    from .api import create_app
+
+    uvicorn.run(create_app(directory, token), host=host, port=port, log_level="info")
+
+
+@main.command()
+@click.option("--nodes-per-class", default=2, show_default=True)
+@click.option("--cpu-nodes", default=2, show_default=True)
+@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
+def devcluster(nodes_per_class: int, cpu_nodes: int, directory: str | None) -> None:
+    """Run the development Kubernetes control plane with fake GPU pools until interrupted."""
+    from .devcluster.cluster import DevCluster, binaries_dir
+
+    with DevCluster(binaries_dir()) as cluster:
+        nodes = cluster.add_pools(list_gpu_classes(directory), nodes_per_class=nodes_per_class, cpu=cpu_nodes)
+        click.echo(f"control plane up in {cluster.started_seconds:.1f}s with {len(nodes)} nodes")
+        click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
+        click.echo("Ctrl-C stops it and removes everything.")
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+
+
+if __name__ == "__main__":
+    main()

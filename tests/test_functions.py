@@ -1,0 +1,158 @@
+"""Functions as Dagster assets: lancedb's calling conventions, the tags/kinds/deps the UI and the
+launcher read, and errors at definition load that list what is valid."""
+
+from __future__ import annotations
+
+import dagster as dg
+import lancedb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from gpufn_dagster import FunctionDefinitionError, build_definitions, function_of, gpu_function
+from gpufn_dagster.functions import CallStyle
+from gpufn_dagster.resources import STABLE_ROW_IDS
+
+
+def make_table(db_uri: str, rows: int = 100) -> None:
+    db = lancedb.connect(db_uri)
+    db.create_table("items", pa.table({"id": list(range(rows)), "text": [f"item {i}" for i in range(rows)],
+                                       "price": [float(i) for i in range(rows)]}), storage_options=STABLE_ROW_IDS)
+
+
+def column(db_uri: str, name: str) -> list:
+    table = lancedb.connect(db_uri).open_table("items")
+    return table.to_lance().to_table(columns=["id", name]).sort_by("id").column(name).to_pylist()
+
+
+def materialize(db_uri: str, *assets) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(assets=list(assets), db_uri=db_uri)
+    return dg.materialize(list(assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
+
+
+@lancedb.udf
+def text_length(text: str) -> int:
+    return len(text)
+
+
+@lancedb.udf
+class Scaler:
+    def __init__(self, factor: float = 2.0):
+        self.factor = factor
+
+    def __call__(self, price: float) -> float:
+        return price * self.factor
+
+
+class Tagger:
+    closed: list[str] = []
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self, text: pa.Array) -> pa.Array:
+        return pc.binary_join_element_wise(self.prefix, text, "")
+
+    def close(self) -> None:
+        Tagger.closed.append(self.prefix)
+
+
+def test_conventions_scalar_batch_record_batch_class_and_lancedb_udf(db_uri):
+    make_table(db_uri)
+    plain = gpu_function(table="items", column="double_price")(lambda_free_double)
+    arrays = gpu_function(table="items", column="tagged", output_type=pa.string(), init={"prefix": "#"})(Tagger)
+    record = gpu_function(table="items", column="summary", inputs=["text", "price"], output_type=pa.string())(summarize)
+    udf_fn = gpu_function(table="items", column="text_length")(text_length)
+    udf_cls = gpu_function(table="items", column="tripled", init={"factor": 3.0})(Scaler)
+
+    assert function_of(plain).call_style is CallStyle.ROW
+    assert function_of(arrays).call_style is CallStyle.ARRAYS
+    assert function_of(record).call_style is CallStyle.RECORD_BATCH
+    assert function_of(udf_fn).output_type == pa.int64()
+    assert function_of(udf_cls).is_class and function_of(udf_cls).inputs == ("price",)
+
+    assert materialize(db_uri, plain, arrays, record, udf_fn, udf_cls).success
+    assert column(db_uri, "double_price")[:3] == [0.0, 2.0, 4.0]
+    assert column(db_uri, "tagged")[:2] == ["#item 0", "#item 1"]
+    assert column(db_uri, "summary")[1] == "item 1 costs 1.0"
+    assert column(db_uri, "text_length")[10] == len("item 10")
+    assert column(db_uri, "tripled")[2] == 6.0
+    assert Tagger.closed == ["#"]  # close() once, at the end of the worker
+
+
+def lambda_free_double(price: float) -> float:
+    return price * 2
+
+
+def summarize(batch: pa.RecordBatch) -> pa.Array:
+    return pa.array([f"{t} costs {p}" for t, p in zip(batch["text"].to_pylist(), batch["price"].to_pylist())])
+
+
+def test_struct_result_fills_several_columns(db_uri):
+    make_table(db_uri, 10)
+    kind = pa.struct([("upper", pa.string()), ("words", pa.int64())])
+
+    def split(text: str) -> dict:
+        return {"upper": text.upper(), "words": len(text.split())}
+
+    asset = gpu_function(table="items", column=["upper", "words"], output_type=kind)(split)
+    assert materialize(db_uri, asset).success
+    assert column(db_uri, "upper")[3] == "ITEM 3"
+    assert column(db_uri, "words")[3] == 2
+
+
+def test_asset_carries_class_tags_kinds_version_and_lineage():
+    asset = gpu_function(table="items", column="emb", output_type=pa.list_(pa.float32()), gpu_class="l4", gpu_count=2)(
+        lambda_free_double)
+    spec = asset.specs_by_key[dg.AssetKey("items__emb")]
+    assert spec.tags["gpufn/gpu-class"] == "l4" and spec.tags["gpufn/gpu-count"] == "2"
+    assert {"lance", "gpu"} <= spec.kinds
+    assert dg.AssetKey("items") in {dep.asset_key for dep in spec.deps}
+    assert spec.code_version == function_of(asset).version
+    assert asset.op.tags["gpufn/gpu-class"] == "l4"
+    cpu = gpu_function(table="items", column="x", output_type=pa.float64())(lambda_free_double)
+    cpu_spec = cpu.specs_by_key[dg.AssetKey("items__x")]
+    assert "cpu" in cpu_spec.kinds and "gpufn/gpu-class" not in cpu_spec.tags
+
+
+def test_no_class_means_default_and_version_changes_with_options():
+    a = function_of(gpu_function(table="items", column="y", gpu=True)(lambda_free_double))
+    b = function_of(gpu_function(table="items", column="y", gpu=True, batch_size=7)(lambda_free_double))
+    c = function_of(gpu_function(table="items", column="y", gpu=True, init={"k": 1})(lambda_free_double))
+    assert a.gpu_class == "default"
+    assert a.version == b.version  # batch size does not change values
+    assert a.version != c.version
+
+
+def test_unknown_class_lists_valid_classes():
+    with pytest.raises(FunctionDefinitionError) as err:
+        gpu_function(table="items", column="y", gpu_class="a100-40gb")(lambda_free_double)
+    message = str(err.value)
+    assert "field 'gpu_class': unknown GPU class 'a100-40gb'" in message
+    assert "a100-80gb, a100-mig-1g-10gb, default, h100-80gb, l4" in message
+
+
+def test_too_many_gpus_names_the_class_maximum():
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_count': 2 GPUs exceeds class 'default'.s "
+                                                      r"max_gpu_count_per_worker of 1"):
+        gpu_function(table="items", column="y", gpu=True, gpu_count=2)(lambda_free_double)
+
+
+def test_missing_input_column_fails_definitions_and_lists_columns(db_uri):
+    make_table(db_uri)
+
+    def by_colour(colour: str) -> str:
+        return colour
+
+    asset = gpu_function(table="items", column="c")(by_colour)
+    with pytest.raises(FunctionDefinitionError, match=r"field 'inputs': table 'items' has no column 'colour'; "
+                                                      r"it has id, text, price"):
+        build_definitions(assets=[asset], db_uri=db_uri)
+
+
+def test_uninferable_output_type_asks_for_one():
+    def untyped(text):
+        return text
+
+    with pytest.raises(FunctionDefinitionError, match="field 'output_type'"):
+        gpu_function(table="items", column="z")(untyped)

@@ -1,0 +1,233 @@
+"""Materializing a Function refreshes its column incrementally on a real Lance table: unfilled rows
+are filled, rows whose inputs changed are recomputed, nothing else is (calls are counted), a
+concurrent writer loses nothing, failures follow the error policy, and a SIGKILLed refresh
+resumes where it stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import dagster as dg
+import lance
+import lancedb
+import pyarrow as pa
+import pytest
+
+from gpufn_dagster import build_definitions, function_of, gpu_function, refresh_column
+from gpufn_dagster.assets import ERRORS_TABLE
+from gpufn_dagster.resources import STABLE_ROW_IDS
+
+CALLS: list[str] = []
+
+
+def shout(text: str) -> str:
+    CALLS.append(text)
+    return text.upper()
+
+
+def open_table(db_uri: str):
+    return lancedb.connect(db_uri).open_table("docs")
+
+
+def values(db_uri: str, column: str = "shout") -> dict[int, object]:
+    data = open_table(db_uri).to_lance().to_table(columns=["id", column]).to_pydict()
+    return dict(zip(data["id"], data[column], strict=True))
+
+
+def make_docs(db_uri: str, rows: int, *, start: int = 0):
+    table = pa.table({"id": list(range(start, start + rows)), "text": [f"doc {i}" for i in range(start, start + rows)],
+                      "tag": ["x"] * rows})
+    db = lancedb.connect(db_uri)
+    if "docs" in db.list_tables().tables:
+        db.open_table("docs").add(table)
+    else:
+        db.create_table("docs", table, storage_options=STABLE_ROW_IDS)
+
+
+def run(db_uri: str, asset, instance=None) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(assets=[asset], db_uri=db_uri)
+    return dg.materialize([asset], resources=defs.resources, instance=instance or dg.DagsterInstance.ephemeral(),
+                          raise_on_error=False)
+
+
+def metadata(result: dg.ExecuteInProcessResult) -> dict[str, object]:
+    (event,) = result.get_asset_materialization_events()
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls():
+    CALLS.clear()
+
+
+def test_refresh_fills_then_only_new_and_changed_rows(db_uri):
+    make_docs(db_uri, 500)
+    asset = gpu_function(table="docs", column="shout", batch_size=64)(shout)
+
+    first = run(db_uri, asset)
+    assert first.success and len(CALLS) == 500
+    assert values(db_uri)[42] == "DOC 42"
+    meta = metadata(first)
+    assert meta["rows_computed"] == 500 and meta["dagster/row_count"] == 500
+    assert meta["function_version"] == function_of(asset).version
+    assert meta["table_version_after"] > meta["table_version_before"]
+
+    CALLS.clear()
+    assert run(db_uri, asset).success and CALLS == []  # nothing changed: nothing recomputed
+
+    make_docs(db_uri, 3, start=500)  # append
+    table = open_table(db_uri)
+    table.update(where="id = 7", values={"text": "seven"})  # an input changed
+    table.update(where="id = 8", values={"tag": "y"})  # a non-input column changed
+    table.delete("id = 9")
+    CALLS.clear()
+    result = run(db_uri, asset)
+    assert sorted(CALLS) == ["doc 500", "doc 501", "doc 502", "seven"]
+    assert metadata(result)["rows_computed"] == 4
+    now = values(db_uri)
+    assert now[7] == "SEVEN" and now[8] == "DOC 8" and now[501] == "DOC 501" and 9 not in now
+    assert all(v is not None for v in now.values())
+
+
+def test_new_function_version_recomputes_every_row_once(db_uri):
+    make_docs(db_uri, 200)
+    run(db_uri, gpu_function(table="docs", column="shout")(shout))
+
+    def shout_v2(text: str) -> str:  # same column and asset, new code: a new Function version
+        CALLS.append(text)
+        return text.upper() + "!"
+
+    CALLS.clear()
+    asset = gpu_function(table="docs", column="shout", name="docs__shout")(shout_v2)
+    result = run(db_uri, asset)
+    assert len(CALLS) == 200
+    assert set(values(db_uri).values()) == {f"DOC {i}!" for i in range(200)}
+    assert metadata(result)["function_version"] == function_of(asset).version
+
+
+def test_concurrent_append_during_refresh_is_kept_and_filled_next_time(db_uri):
+    make_docs(db_uri, 300)
+    appended = []
+
+    def slow_shout(text: str) -> str:
+        if not appended:  # another writer appends while the refresh is computing
+            make_docs(db_uri, 50, start=1000)
+            appended.append(True)
+        CALLS.append(text)
+        return text.upper()
+
+    asset = gpu_function(table="docs", column="shout", batch_size=50)(slow_shout)
+    assert run(db_uri, asset).success
+    after_first = values(db_uri)
+    assert len(after_first) == 350  # the writer's rows survived the refresh's commit
+    assert sum(v is None for v in after_first.values()) == 50
+    CALLS.clear()
+    assert run(db_uri, asset).success
+    assert len(CALLS) == 50 and all(v is not None for v in values(db_uri).values())
+
+
+def flaky(text: str) -> str:
+    if text.endswith("3"):
+        raise ValueError(f"cannot shout {text!r}")
+    return text.upper()
+
+
+def test_skip_policy_records_failed_rows_where_users_can_query_them(db_uri):
+    make_docs(db_uri, 40)
+    asset = gpu_function(table="docs", column="shout", on_error="skip")(flaky)
+    result = run(db_uri, asset)
+    assert result.success
+    assert metadata(result)["rows_failed"] == 4  # 3, 13, 23, 33
+    assert values(db_uri)[13] is None and values(db_uri)[12] == "DOC 12"
+    errors = lancedb.connect(db_uri).open_table(ERRORS_TABLE).to_arrow().to_pylist()
+    assert len(errors) == 4 and all("cannot shout" in e["error"] for e in errors)
+    assert {e["function"] for e in errors} == {"docs__shout"}
+
+
+def test_fail_policy_fails_the_run_and_leaves_the_table_alone(db_uri):
+    make_docs(db_uri, 40)
+    version = open_table(db_uri).version
+    result = run(db_uri, gpu_function(table="docs", column="shout2")(flaky))
+    assert not result.success
+    failure = result.get_step_failure_events()[0].step_failure_data.error.cause
+    assert failure.cls_name == "FunctionFailed"
+    assert "failed on row address 3" in failure.message and "cannot shout 'doc 3'" in failure.message
+    table = open_table(db_uri)
+    assert table.version == version + 1  # only the (all-NULL) column was declared; no values committed
+    assert table.count_rows("shout2 IS NOT NULL") == 0
+
+
+def test_batch_function_failure_is_pinned_on_the_failing_rows(db_uri):
+    make_docs(db_uri, 20)
+
+    def batch_flaky(text: pa.Array) -> pa.Array:
+        items = text.to_pylist()
+        if any(t.endswith("5") for t in items):
+            raise ValueError("five")
+        return pa.array([t.upper() for t in items])
+
+    result = run(db_uri, gpu_function(table="docs", column="shout", output_type=pa.string(), on_error="skip",
+                                      batch_size=8)(batch_flaky))
+    assert metadata(result)["rows_failed"] == 2  # doc 5 and doc 15, not their whole batches
+    assert values(db_uri)[14] == "DOC 14" and values(db_uri)[15] is None
+
+
+def test_progress_is_logged_with_rate_and_time_left(db_uri):
+    make_docs(db_uri, 100)
+    lines = []
+    function = function_of(gpu_function(table="docs", column="shout", batch_size=10)(shout))
+    refresh_column(open_table(db_uri).to_lance().uri, function, report=lambda p: lines.append(p.line()),
+                   report_every=0)
+    assert any("rows checked" in line and "rows/s" in line and "left" in line for line in lines)
+    assert lines[-1].startswith("100/100 rows checked, 100 computed, 0 failed")
+
+
+KILLABLE = textwrap.dedent("""
+    import sys, time, lance
+    from gpufn_dagster import make_function, refresh_column
+    uri, log, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    def slow(text: str) -> str:
+        with open(log, "a") as f:
+            f.write(text + "\\n")
+        time.sleep(delay)
+        return text.upper() + "@v2"
+    fn = make_function(slow, table="docs", column="shout", batch_size=25, version="%s")
+    refresh_column(uri, fn)
+""")
+
+
+def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Path):
+    make_docs(db_uri, 400)
+    uri = open_table(db_uri).to_lance().uri
+    run(db_uri, gpu_function(table="docs", column="shout")(shout))  # version 1 everywhere
+    version_before = open_table(db_uri).version
+    log = tmp_path / "calls.log"
+    script = tmp_path / "refresh.py"
+    script.write_text(KILLABLE % "release-2")
+    process = subprocess.Popen([sys.executable, str(script), uri, str(log), "0.002"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 130):
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    done_before_kill = len(log.read_text().splitlines())
+    assert 130 <= done_before_kill < 400
+
+    # Killed mid-refresh: the table never saw version-2 values.
+    assert open_table(db_uri).version == version_before
+    assert all(not v.endswith("@v2") for v in values(db_uri).values())
+
+    log.unlink()
+    subprocess.run([sys.executable, str(script), uri, str(log), "0"], check=True)
+    recomputed = len(log.read_text().splitlines())
+    # At most the batch in flight (25 rows) is computed twice.
+    assert recomputed <= 400 - done_before_kill + 25
+    assert set(values(db_uri).values()) == {f"DOC {i}@v2" for i in range(400)}
+    assert lance.dataset(uri).validate() is None
+    assert not (Path(uri) / "_gpufn" / "checkpoints").exists() or not any((Path(uri) / "_gpufn" / "checkpoints").iterdir())
