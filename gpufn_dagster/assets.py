@@ -142,6 +142,7 @@ def gpu_function(
     name: str | None = None,
     source_asset: str | None = None,
     group_name: str | None = None,
+    checkpoint_seconds: float = 10.0,
     classes: str | os.PathLike[str] | None = None,
 ) -> Callable[[Any], dg.AssetsDefinition]:
     """Decorate a function, class or `lancedb.udf` definition to make it a Function asset.
@@ -154,7 +155,7 @@ def gpu_function(
         function = make_function(
             target, table=table, column=column, output_type=output_type, inputs=inputs, gpu=gpu,
             gpu_class=gpu_class, gpu_count=gpu_count, batch_size=batch_size, on_error=on_error, init=init,
-            name=name, source_asset=source_asset, group_name=group_name,
+            name=name, source_asset=source_asset, group_name=group_name, checkpoint_seconds=checkpoint_seconds,
         )
         return function_asset(function, classes=classes)
 

@@ -16,7 +16,7 @@ import json
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -106,7 +106,7 @@ class Function:
     source_asset: str
     description: str | None = None
     group_name: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_seconds: float = 10.0
 
     @property
     def sig_column(self) -> str:
@@ -122,6 +122,13 @@ class Function:
     def open(self) -> Callable[..., Any]:
         """Construct the callable a worker uses (a class is instantiated once, with its init values)."""
         return self.target(**self.init) if self.is_class else self.target
+
+
+def _arrow_class(annotation: Any) -> Any:
+    """pa.Array / pa.RecordBatch even when the annotation is an unresolved string ('pa.Array')."""
+    if isinstance(annotation, str):
+        return {"Array": pa.Array, "RecordBatch": pa.RecordBatch}.get(annotation.rsplit(".", 1)[-1], annotation)
+    return annotation
 
 
 def _call_signature(target: Any, is_class: bool) -> inspect.Signature:
@@ -158,6 +165,7 @@ def make_function(
     version: str | None = None,
     description: str | None = None,
     group_name: str | None = None,
+    checkpoint_seconds: float = 10.0,
 ) -> Function:
     """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec."""
     original, udf_digest = _unwrap(target)
@@ -177,7 +185,7 @@ def make_function(
     sig = _call_signature(original, is_class)
     hints = _hints(original, is_class)
     params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    annotations = [hints.get(p.name, p.annotation) for p in params]
+    annotations = [_arrow_class(hints.get(p.name, p.annotation)) for p in params]
     if len(params) == 1 and annotations[0] is pa.RecordBatch:
         style = CallStyle.RECORD_BATCH
         if not inputs:
@@ -237,4 +245,5 @@ def make_function(
         source_asset=source_asset or table,
         description=description or inspect.getdoc(original),
         group_name=group_name,
+        checkpoint_seconds=checkpoint_seconds,
     )

@@ -197,7 +197,7 @@ KILLABLE = textwrap.dedent("""
             f.write(text + "\\n")
         time.sleep(delay)
         return text.upper() + "@v2"
-    fn = make_function(slow, table="docs", column="shout", batch_size=25, version="%s")
+    fn = make_function(slow, table="docs", column="shout", batch_size=25, version="%s", checkpoint_seconds=0)
     refresh_column(uri, fn)
 """)
 

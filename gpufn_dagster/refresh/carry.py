@@ -16,7 +16,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from .engine import SIG_COLUMN_KEY
+from .columns import SIG_COLUMN_KEY
 from .plan import field_ids
 from .write import FragmentFileWriter, align_to_physical
 

@@ -1,8 +1,9 @@
-"""Durable progress of a refresh, so a killed run repeats only the batch it was in.
+"""Durable progress of a refresh, so a killed run repeats only work done since the last checkpoint.
 
-Every computed batch is saved as an Arrow IPC file named by its physical row range, under a
+Computed output is saved every `checkpoint_seconds` (and batch boundaries are deterministic) as
+an Arrow IPC file named by its physical row range, under a
 directory keyed by Function version and the fragment's state (input files, output files,
-deletions, batch size). A re-run with the same key reuses saved batches instead of calling the
+deletions, batch size). A re-run with the same key reuses saved chunks instead of calling the
 Function, and a finished fragment's Lance file is reused outright. Nothing here is visible to
 table readers: the table only changes at commit, and the directory is removed after it.
 Writes go to a temporary name and are renamed into place, so a kill never leaves half a file
@@ -36,23 +37,33 @@ class CheckpointStore:
         write(tmp)
         os.replace(tmp, path)
 
-    def save_batch(self, work: FragmentWork, start: int, end: int, batch: pa.RecordBatch, failed: list[dict]) -> None:
+    def save_chunk(self, work: FragmentWork, start: int, end: int, batches: list[pa.RecordBatch],
+                   errors: list[dict]) -> None:
+        """Durably record the output for physical rows [start, end) of the fragment."""
+        schema = batches[0].schema.with_metadata({"gpufn.errors": json.dumps(errors)})
+
         def write(tmp: Path) -> None:
-            meta = batch.schema.with_metadata({"gpufn.errors": json.dumps(failed)})
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, meta) as writer:
-                writer.write_batch(batch.replace_schema_metadata(meta.metadata))
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch.replace_schema_metadata(schema.metadata))
 
         self._atomic_write(self._fragment_dir(work) / f"{start:010d}-{end:010d}.arrow", write)
 
-    def load_batch(self, work: FragmentWork, start: int, end: int) -> tuple[pa.RecordBatch, list[dict]] | None:
-        path = self._fragment_dir(work) / f"{start:010d}-{end:010d}.arrow"
-        if not path.exists():
-            return None
+    def chunks(self, work: FragmentWork) -> dict[int, tuple[int, Path]]:
+        """Saved chunks of the fragment: start row -> (end row, file)."""
+        found = {}
+        for path in self._fragment_dir(work).glob("*.arrow"):
+            start, end = (int(p) for p in path.stem.split("-"))
+            found[start] = (end, path)
+        return found
+
+    @staticmethod
+    def load_chunk(path: Path) -> tuple[list[pa.RecordBatch], list[dict]]:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
-            batch = reader.get_batch(0) if reader.num_record_batches else reader.schema.empty_table().to_batches()[0]
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
             errors = json.loads((reader.schema.metadata or {}).get(b"gpufn.errors", b"[]"))
-        return batch, errors
+        return batches, errors
 
     def save_fragment(self, work: FragmentWork, record: dict) -> None:
         self._atomic_write(self._fragment_dir(work) / "done.json", lambda tmp: tmp.write_text(json.dumps(record)))

@@ -6,28 +6,36 @@ fragment's physical rows (deleted rows hold NULL), and all fragments are committ
 touches the same fragment *and* field (or compacts it), so rows appended, updated or deleted
 meanwhile are kept; appended rows are filled by the next refresh. One commit means readers never
 see a column half from one Function version and half from another.
+
+Fragments are processed by a small thread pool (Lance scans and writes release the GIL); calls
+into the Function are serialized by a lock, because one worker's model is not assumed to be
+thread-safe.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..functions import Function, FunctionDefinitionError
-from .arrow_types import datafusion_type
+from ..functions import Function
 from .checkpoint import CheckpointStore
+from .columns import ensure_columns
 from .execute import RowError, call_function
-from .plan import field_ids, plan_fragments, signature_expression
+from .plan import FragmentWork, field_ids, plan_fragments
+from .signature import row_signatures, scan_expressions
 from .write import FragmentFileWriter, align_to_physical
 
-SIG_NOW = "__gpufn_sig_now"
 ADDRESS = "_rowaddr"
 _COMMIT_ATTEMPTS = 5
 
@@ -79,83 +87,124 @@ class RefreshResult:
         return self.rows_computed / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-VIEW_DEFINITION_KEY = b"mv.definition"
-SIG_COLUMN_KEY = "gpufn.sig_column"
+class _Run:
+    """State shared by the fragment workers of one refresh attempt."""
+
+    def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
+                 report: Callable[[Progress], None] | None, report_every: float, progress: Progress):
+        self.dataset, self.function, self.store = dataset, function, store
+        self.report, self.report_every, self.progress = report, report_every, progress
+        self.lock = threading.Lock()
+        self.call_lock = threading.Lock()
+        self.call: Any = None
+        self.errors: list[RowError] = []
+        self.last_report = time.monotonic()
+        names = [*function.columns, function.sig_column]
+        self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
+        self.out_ids = field_ids(dataset, names)
+        self.scan_columns = {n: f"`{n}`" for n in dict.fromkeys([*function.inputs, *names])}
+        self.scan_columns.update(scan_expressions(function, dataset.schema))
+
+    def compute(self, inputs: pa.RecordBatch, addresses: list[int]) -> tuple[pa.Array, list[RowError]]:
+        with self.call_lock:
+            if self.call is None:
+                self.call = self.function.open()
+            return call_function(self.call, self.function, inputs, addresses)
+
+    def advance(self, scanned: int, computed: int, errors: list[RowError]) -> None:
+        with self.lock:
+            self.progress.rows_scanned += scanned
+            self.progress.rows_computed += computed
+            self.progress.rows_failed += len(errors)
+            self.errors.extend(errors)
+            if self.report and time.monotonic() - self.last_report >= self.report_every:
+                self.report(self.progress)
+                self.last_report = time.monotonic()
+
+    def close(self) -> None:
+        if self.call is not None and hasattr(self.call, "close"):
+            self.call.close()
 
 
-def is_view(schema: pa.Schema) -> bool:
-    return VIEW_DEFINITION_KEY in (schema.metadata or {})
-
-
-def declared_fields(function: Function, on_view: bool) -> list[pa.Field]:
-    """The output and signature fields, tagged with the signature column they belong to.
-
-    On a lancedb materialized view every column the view's query does not produce must be a
-    lancedb computed column, or the view refuses to refresh; there they are declared as SQL
-    computed columns that yield NULL (rows the view adds stay unfilled until this engine fills
-    them).
-    """
-    fields = [*function.output_fields, pa.field(function.sig_column, pa.binary())]
-    tagged = []
-    for f in fields:
-        metadata = {SIG_COLUMN_KEY: function.sig_column, "gpufn.function": function.name}
-        if on_view:
-            metadata.update({"computed_column": "true", "computed_column.kind": "sql", "computed_column.inputs": "[]",
-                             "computed_column.expression": f"arrow_cast(NULL, '{datafusion_type(f.type)}')"})
-        tagged.append(f.with_metadata(metadata))
-    return tagged
-
-
-def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
-    """Add the output and signature columns (all-NULL, metadata only) if missing; check their types."""
-    for attempt in range(_COMMIT_ATTEMPTS):
-        dataset = lance.dataset(table_uri)
-        schema = dataset.schema
-        wanted = declared_fields(function, is_view(schema))
-        for name in function.inputs:
-            if name not in schema.names:
-                raise FunctionDefinitionError(
-                    f"Function {function.name!r}: field 'inputs': table {function.table!r} has no column {name!r}; "
-                    f"it has {', '.join(n for n in schema.names if not n.startswith('_gpufn'))}")
-        for f in wanted:
-            if f.name in schema.names and schema.field(f.name).type != f.type:
-                raise FunctionDefinitionError(
-                    f"Function {function.name!r}: field 'output_type': column {f.name!r} of table "
-                    f"{function.table!r} is {schema.field(f.name).type}, the Function returns {f.type}")
-        missing = [f for f in wanted if f.name not in schema.names]
-        if not missing:
-            return dataset
-        try:
-            dataset.add_columns(missing)
-            return lance.dataset(table_uri)
-        except OSError:  # a concurrent commit won the race; re-read and retry
-            if attempt == _COMMIT_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _compute_batch(
-    call, function: Function, batch: pa.RecordBatch, addresses: np.ndarray
-) -> tuple[list[pa.Array], list[RowError], int]:
+def _outputs(run: _Run, batch: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.RecordBatch, list[RowError], int]:
     """Output columns for a scanned batch: current rows keep their values, stale rows are computed."""
-    stored, now = batch.column(function.sig_column), batch.column(SIG_NOW)
-    stale = pc.fill_null(pc.or_kleene(pc.is_null(stored), pc.not_equal(stored, now)), True)
-    stale_idx = np.flatnonzero(stale.to_numpy(zero_copy_only=False))
+    function = run.function
+    now = row_signatures(function, batch)
+    stored = batch.column(function.sig_column)
+    stale = pc.fill_null(pc.not_equal(stored, now), True).to_numpy(zero_copy_only=False)
+    stale_idx = np.flatnonzero(stale)
     old = [batch.column(name) for name in function.columns]
-    if len(stale_idx) == 0:
-        return old, [], 0
-    inputs = batch.select(list(function.inputs)).take(pa.array(stale_idx))
-    values, errors = call_function(call, function, inputs, addresses[stale_idx].tolist())
-    new = [values] if len(function.columns) == 1 else [values.field(i) for i in range(len(function.columns))]
-    selector = np.arange(batch.num_rows)
-    selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
-    take = pa.array(selector)
-    merged = [pa.concat_arrays([o, n.cast(o.type)]).take(take) for o, n in zip(old, new, strict=True)]
-    return merged, errors, len(stale_idx)
+    errors: list[RowError] = []
+    if len(stale_idx) == len(stale):
+        values, errors = run.compute(batch.select(list(function.inputs)), addresses.tolist())
+        merged = [values] if len(function.columns) == 1 else values.flatten()
+    elif len(stale_idx):
+        values, errors = run.compute(batch.select(list(function.inputs)).take(pa.array(stale_idx)),
+                                     addresses[stale_idx].tolist())
+        new = [values] if len(function.columns) == 1 else values.flatten()
+        selector = np.arange(batch.num_rows)
+        selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
+        merged = [pa.concat_arrays([o, n.cast(o.type)]).take(pa.array(selector)) for o, n in zip(old, new, strict=True)]
+    else:
+        merged = old
+    merged = [m.cast(f.type) for m, f in zip(merged, run.out_schema, strict=False)]
+    return pa.RecordBatch.from_arrays([*merged, now], schema=run.out_schema), errors, len(stale_idx)
 
 
-def _error_records(errors: list[RowError]) -> list[dict]:
-    return [{"row_address": e.row_address, "error": e.error, "traceback": e.traceback} for e in errors]
+def _refresh_fragment(run: _Run, item: FragmentWork) -> lance.LanceOperation.DataReplacementGroup:
+    """Compute one fragment's new column file (reusing checkpointed batches); returns its replacement."""
+    done = run.store.load_fragment(item)
+    if done is not None and (Path(run.dataset.uri) / "data" / done["file"]).exists():
+        run.advance(item.live_rows, 0, [RowError(**e) for e in done.get("errors", [])])
+        return lance.LanceOperation.DataReplacementGroup(item.fragment_id, lance.fragment.DataFile(
+            done["file"], run.out_ids, list(range(len(run.out_ids))), done["major"], done["minor"]))
+    fragment = run.dataset.get_fragment(item.fragment_id)
+    writer = FragmentFileWriter(run.dataset, f"gpufn-{run.function.version}-{item.inputs_hash}", run.out_schema)
+    saved = run.store.chunks(item)
+    next_offset = skip_until = 0
+    fragment_errors: list[RowError] = []
+    pending: list[pa.RecordBatch] = []
+    pending_errors: list[RowError] = []
+    pending_start, last_checkpoint = 0, time.monotonic()
+    scanner = fragment.scanner(columns=run.scan_columns, batch_size=run.function.batch_size,
+                               with_row_address=True, strict_batch_size=True)
+    for batch in scanner.to_batches():
+        if batch.num_rows == 0:
+            continue
+        addresses = batch.column(ADDRESS).to_numpy()
+        offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
+        start, end = next_offset, int(offsets[-1]) + 1
+        if end <= skip_until:  # inside a chunk restored from a checkpoint
+            next_offset = end
+            run.advance(batch.num_rows, 0, [])
+            continue
+        if start in saved:
+            skip_until, path = saved[start]
+            batches, saved_errors = run.store.load_chunk(path)
+            for restored in batches:
+                writer.write(restored)
+            errors = [RowError(**e) for e in saved_errors]
+            fragment_errors.extend(errors)
+            next_offset = pending_start = skip_until
+            run.advance(batch.num_rows, 0, errors)
+            continue
+        out, errors, computed = _outputs(run, batch, addresses)
+        aligned = align_to_physical(out, offsets, start, run.out_schema)
+        writer.write(aligned)
+        next_offset = end
+        fragment_errors.extend(errors)
+        pending.append(aligned)
+        pending_errors.extend(errors)
+        run.advance(batch.num_rows, computed, errors)
+        if time.monotonic() - last_checkpoint >= run.function.checkpoint_seconds:
+            run.store.save_chunk(item, pending_start, end, pending, [e.__dict__ for e in pending_errors])
+            pending, pending_errors, pending_start, last_checkpoint = [], [], end, time.monotonic()
+    writer.pad_to(item.physical_rows)
+    writer.close()
+    run.store.save_fragment(item, {"file": writer.name, "major": writer.major, "minor": writer.minor,
+                                   "errors": [e.__dict__ for e in fragment_errors]})
+    run.store.discard_batches(item)
+    return lance.LanceOperation.DataReplacementGroup(item.fragment_id, writer.data_file(run.out_ids))
 
 
 def refresh_column(
@@ -164,83 +213,27 @@ def refresh_column(
     *,
     report: Callable[[Progress], None] | None = None,
     report_every: float = 5.0,
+    concurrency: int | None = None,
 ) -> RefreshResult:
     """Bring the Function's column up to date; returns what was done. Safe to kill and re-run."""
     started = time.monotonic()
     dataset = ensure_columns(table_uri, function)
     version_before = dataset.version
     store = CheckpointStore(dataset.uri, function.sig_column, function.version)
-    call = None
     progress = Progress()
-    last_report = time.monotonic()
-    computed = failed = checked = visited = 0
-    errors: list[RowError] = []
+    visited = 0
+    workers = concurrency or min(4, os.cpu_count() or 1)
+    run = None
     try:
         for _attempt in range(_COMMIT_ATTEMPTS):
             work = plan_fragments(dataset, function)
+            visited += len(work)
             progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
-            out_schema = pa.schema([*(dataset.schema.field(c) for c in function.columns),
-                                    dataset.schema.field(function.sig_column)])
-            out_ids = field_ids(dataset, [*function.columns, function.sig_column])
-            sig_expr = signature_expression(function, dataset.schema)
-            scan_columns = {name: f"`{name}`" for name in dict.fromkeys(
-                [*function.inputs, *function.columns, function.sig_column])}
-            scan_columns[SIG_NOW] = sig_expr
-            groups = []
-            for item in work:
-                visited += 1
-                done = store.load_fragment(item)
-                if done is not None and (Path(dataset.uri) / "data" / done["file"]).exists():
-                    groups.append(lance.LanceOperation.DataReplacementGroup(item.fragment_id, lance.fragment.DataFile(
-                        done["file"], out_ids, list(range(len(out_ids))), done["major"], done["minor"])))
-                    progress.rows_scanned += item.live_rows
-                    continue
-                fragment = dataset.get_fragment(item.fragment_id)
-                writer = FragmentFileWriter(dataset, f"gpufn-{function.version}-{item.inputs_hash}", out_schema)
-                next_offset = 0
-                fragment_computed = fragment_failed = 0
-                scanner = fragment.scanner(columns=scan_columns, batch_size=function.batch_size,
-                                           with_row_address=True, strict_batch_size=True)
-                for batch in scanner.to_batches():
-                    if batch.num_rows == 0:
-                        continue
-                    addresses = batch.column(ADDRESS).to_numpy()
-                    offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
-                    start, end = next_offset, int(offsets[-1]) + 1
-                    saved = store.load_batch(item, start, end)
-                    if saved is not None:
-                        aligned, batch_errors = saved
-                        errors.extend(RowError(**e) for e in batch_errors)
-                        failed += len(batch_errors)
-                        fragment_failed += len(batch_errors)
-                    else:
-                        if call is None:
-                            call = function.open()
-                        columns, batch_errors, n = _compute_batch(call, function, batch, addresses)
-                        computed += n
-                        fragment_computed += n
-                        failed += len(batch_errors)
-                        fragment_failed += len(batch_errors)
-                        errors.extend(batch_errors)
-                        out = pa.RecordBatch.from_arrays([*columns, batch.column(SIG_NOW)], schema=out_schema)
-                        writer.pad_to(start)
-                        aligned = align_to_physical(out, offsets, start, out_schema)
-                        store.save_batch(item, start, end, aligned, _error_records(batch_errors))
-                    writer.pad_to(start)
-                    writer.write(aligned)
-                    next_offset = end
-                    checked += batch.num_rows
-                    progress.rows_scanned += batch.num_rows
-                    progress.rows_computed, progress.rows_failed = computed, failed
-                    if report and time.monotonic() - last_report >= report_every:
-                        report(progress)
-                        last_report = time.monotonic()
-                writer.pad_to(item.physical_rows)
-                writer.close()
-                store.save_fragment(item, {"file": writer.name, "major": writer.major, "minor": writer.minor,
-                                           "computed": fragment_computed, "failed": fragment_failed})
-                store.discard_batches(item)
-                groups.append(lance.LanceOperation.DataReplacementGroup(item.fragment_id, writer.data_file(out_ids)))
+            previous_call = run.call if run else None
+            run = _Run(dataset, function, store, report, report_every, progress)
+            run.call = previous_call
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
+                groups = list(pool.map(lambda item: _refresh_fragment(run, item), work))
             if not groups:
                 version_after = dataset.version
                 break
@@ -258,14 +251,14 @@ def refresh_column(
         else:
             raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row")
     finally:
-        if call is not None and hasattr(call, "close"):
-            call.close()
+        if run is not None:
+            run.close()
     store.clear()
-    progress.rows_computed, progress.rows_failed = computed, failed
     if report:
         report(progress)
     return RefreshResult(
         function_version=function.version, version_before=version_before, version_after=version_after,
-        rows_computed=computed, rows_failed=failed, rows_checked=checked, fragments_visited=visited,
-        fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started, errors=errors,
+        rows_computed=progress.rows_computed, rows_failed=progress.rows_failed, rows_checked=progress.rows_scanned,
+        fragments_visited=visited, fragments_total=len(dataset.get_fragments()),
+        wall_seconds=time.monotonic() - started, errors=run.errors if run else [],
     )

@@ -5,7 +5,7 @@ this engine wrote (`gpufn-<function version>-<input files hash>-<uuid>.lance`) f
 Function version and the data files holding the inputs are the ones it read. Lance never edits a
 file in place: appends add fragments, in-place column updates swap data files, row updates move
 rows to new fragments, so any change that could alter an input shows up here. A visited fragment
-is then decided row by row against the per-row signature column (see `signature_expression`).
+is then decided row by row against the per-row signature column (see `signature`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass
 
 import lance
-import pyarrow as pa
 
 from ..functions import Function
 
@@ -68,29 +67,3 @@ def plan_fragments(dataset: lance.LanceDataset, function: Function) -> list[Frag
             )
         )
     return work
-
-
-def _value_expression(name: str, data_type: pa.DataType) -> str:
-    quoted = f"`{name}`"
-    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_binary(data_type) \
-            or pa.types.is_large_binary(data_type) or pa.types.is_string_view(data_type):
-        return quoted
-    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type):
-        return f"array_to_string({quoted}, ',')"
-    if pa.types.is_struct(data_type) or pa.types.is_map(data_type):
-        raise ValueError(f"input column {name!r} of type {data_type} cannot be fingerprinted; select its fields")
-    return f"CAST({quoted} AS STRING)"
-
-
-def signature_expression(function: Function, schema: pa.Schema) -> str:
-    """A SQL expression, evaluated by Lance while scanning, for the row's signature.
-
-    md5 over the Function version and each input's md5 (NULL spelled '-', distinct from any
-    32-character digest). A row is current when its stored signature equals this one, so a
-    changed input or a new Function version both make it stale, row by row.
-    """
-    parts = [f"'{function.version}'"] + [
-        f"coalesce(encode(digest({_value_expression(name, schema.field(name).type)}, 'md5'), 'hex'), '-')"
-        for name in function.inputs
-    ]
-    return f"digest(concat({', '.join(parts)}), 'md5')"

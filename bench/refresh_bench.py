@@ -1,0 +1,146 @@
+"""Column refresh, side by side on one table: gpufn's refresh with a trivial Python UDF, lancedb's
+native SQL computed column (`add_columns(computed=...)` + `refresh_column`), and pylance
+`add_columns` with a batch UDF; then incremental refresh after a 1 % append vs a full refresh,
+and peak RSS at two table sizes. Each measurement runs in a fresh process so peak RSS is its own.
+
+    .venv/bin/python bench/refresh_bench.py --rows 5000000 --small-rows 1000000
+
+Prints a Markdown table (paste into BENCHMARKS.md) and writes bench/results/refresh.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+HERE = Path(__file__).resolve().parent
+FRAGMENT_ROWS = 1_000_000
+
+
+def make_table(uri: str, rows: int) -> None:
+    import lancedb
+    import numpy as np
+    import pyarrow as pa
+
+    db = lancedb.connect(uri)
+    chunk = 1_000_000
+
+    def batches():
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            yield pa.record_batch({"id": pa.array(np.arange(start, start + n)),
+                                   "x": pa.array(np.random.default_rng(start).integers(0, 1_000_000, n))})
+
+    schema = pa.schema([("id", pa.int64()), ("x", pa.int64())])
+    db.create_table("t", pa.RecordBatchReader.from_batches(schema, batches()),
+                    storage_options={"new_table_enable_stable_row_ids": "true"})
+
+
+def double_x(x: pa.Array) -> pa.Array:
+    """The trivial Python UDF, batch form (pyarrow.Array in, pyarrow.Array out)."""
+    return pc.multiply(x, 2)
+
+
+def double_row(x: int) -> int:
+    """The same UDF called per row."""
+    return x * 2
+
+
+def run_case(case: str, uri: str) -> dict:
+    """Runs in a child process: one measurement, with its own peak RSS."""
+    import resource
+
+    import lance
+    import lancedb
+
+    from gpufn_dagster import make_function, refresh_column
+
+    table = lancedb.connect(uri).open_table("t")
+    table_uri = table.to_lance().uri
+    started = time.perf_counter()
+    rows = table.count_rows()
+    detail = {}
+    if case in ("gpufn", "gpufn_incremental"):
+        result = refresh_column(table_uri, make_function(double_x, table="t", column="y_gpufn",
+                                                         output_type=pa.int64(), batch_size=65536))
+        detail = {"rows_computed": result.rows_computed}
+    elif case == "gpufn_rows":
+        result = refresh_column(table_uri, make_function(double_row, table="t", column="y_rows", batch_size=65536))
+        detail = {"rows_computed": result.rows_computed}
+    elif case == "lancedb_sql":
+        table.add_columns(computed={"y_sql": "x * 2"})
+        detail = {"rows_filled": table.refresh_column("y_sql").rows_filled}
+    elif case == "pylance_udf":
+        ds = lance.dataset(table_uri)
+
+        @lance.batch_udf(output_schema=pa.schema([("y_pylance", pa.int64())]))
+        def udf(batch: pa.RecordBatch) -> pa.RecordBatch:
+            return pa.record_batch([double_x(batch["x"])], names=["y_pylance"])
+
+        ds.add_columns(udf, read_columns=["x"])
+    else:
+        raise ValueError(case)
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"case": case, "rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_mib": peak,
+            **detail}
+
+
+def child(case: str, uri: str) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", case, uri], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def append_percent(uri: str, percent: float) -> int:
+    import lancedb
+    import numpy as np
+    import pyarrow as pa
+
+    table = lancedb.connect(uri).open_table("t")
+    rows = table.count_rows()
+    n = int(rows * percent / 100)
+    table.add(pa.table({"id": np.arange(rows, rows + n), "x": np.arange(n)}))
+    return n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--small-rows", type=int, default=1_000_000)
+    parser.add_argument("--child", nargs=2)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_case(*args.child)))
+        return
+    results = []
+    work = Path(tempfile.mkdtemp(prefix="gpufn-bench-"))
+    try:
+        for rows in (args.small_rows, args.rows):
+            uri = str(work / f"db{rows}")
+            make_table(uri, rows)
+            for case in ("lancedb_sql", "pylance_udf", "gpufn", "gpufn_rows"):
+                results.append({"table_rows": rows, **child(case, uri)})
+                print(json.dumps(results[-1]), file=sys.stderr)
+            appended = append_percent(uri, 1)
+            results.append({"table_rows": rows, "appended": appended, **child("gpufn_incremental", uri)})
+            print(json.dumps(results[-1]), file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "refresh.json").write_text(json.dumps(results, indent=2))
+    print("| table rows | case | seconds | rows/s | peak RSS MiB |\n| --- | --- | --- | --- | --- |")
+    for r in results:
+        print(f"| {r['table_rows']:,} | {r['case']} | {r['seconds']:.2f} | {r['rows_per_s']:,.0f} | {r['peak_rss_mib']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
