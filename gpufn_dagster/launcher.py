@@ -1,0 +1,122 @@
+"""A Kubernetes run launcher that places GPU runs on their class's node pool.
+
+Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `classes_dir`:
+
+    run_launcher:
+      module: gpufn_dagster.launcher
+      class: GpuK8sRunLauncher
+      config:
+        instance_config_map: dagster-instance
+        job_image: my-registry/my-code:latest
+        classes_dir: /opt/gpufn/classes      # default: $GPUFN_CLASSES_DIR or ./classes
+
+Asset tags never reach runs and the UI's Materialize button sends no run tags, so the GPU
+request is read from the run's execution plan: the op tags `gpu_function` puts on each step.
+The launcher writes the result onto the run (`gpufn/gpu-class`, `gpufn/gpu-count`) and an engine
+event before the Job exists, and fails the run without creating anything when the request
+cannot be placed.
+
+Precedence of the run worker's pod configuration, lowest first: launcher config
+(`run_k8s_config` and top-level fields) < code location container context < `dagster-k8s/config`
+run tag < the GPU class. The class is merged last and then enforced (`placement.enforce_placement`):
+node selector keys, tolerations, required node affinity, GPU resource and count come from the
+class and cannot be overridden or widened. Runs with no GPU step go exactly the K8sRunLauncher way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster import Field, Noneable, StringSource
+from dagster._core.events import EngineEventData
+from dagster._core.launcher import LaunchRunContext
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster._utils.merger import merge_dicts
+from dagster_k8s import K8sRunLauncher
+from dagster_k8s.container_context import K8sContainerContext
+from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+from .classes import GpuClassError, load_gpu_classes
+from .placement import Placement, PlacementError, enforce_placement, gpu_requests, placement_k8s_config, resolve_placement
+from .tags import gpu_tags
+
+PLACEMENT_TAG = "gpufn/placement"
+_SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
+             "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
+
+
+class GpuPlacementRejected(Exception):
+    """The run's GPU request cannot be placed; no Kubernetes object was created."""
+
+
+def run_step_tags(instance, run: DagsterRun) -> list[dict[str, str]]:
+    """The op tags of the steps this run will execute (from its stored execution plan)."""
+    if not run.execution_plan_snapshot_id:
+        return []
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    selected = set(run.step_keys_to_execute or [])
+    return [dict(step.tags or {}) for step in plan.steps if not selected or step.key in selected]
+
+
+def placement_for_run(instance, run: DagsterRun, classes_dir: str | None) -> Placement | None:
+    """The run worker's GPU placement, None for a CPU run; raises PlacementError / GpuClassError."""
+    requests = gpu_requests(run_step_tags(instance, run))
+    if not requests:
+        return None
+    return resolve_placement(requests, load_gpu_classes(classes_dir))
+
+
+class GpuK8sRunLauncher(K8sRunLauncher):
+    """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits."""
+
+    def __init__(self, classes_dir: str | None = None, **kwargs: Any):
+        self._classes_dir = classes_dir
+        super().__init__(**kwargs)
+
+    @classmethod
+    def config_type(cls):
+        return merge_dicts(K8sRunLauncher.config_type(), {
+            "classes_dir": Field(Noneable(StringSource), is_required=False, default_value=None,
+                                 description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
+        })
+
+    def placement(self, run: DagsterRun) -> Placement | None:
+        return placement_for_run(self._instance, run, self._classes_dir)
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        try:
+            placement = self.placement(run)
+        except (PlacementError, GpuClassError) as err:
+            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "rejected"})
+            raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
+        if placement is not None:
+            gpu_class = placement.gpu_class
+            self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
+                                                     PLACEMENT_TAG: "gpu"})
+            self._instance.report_engine_event(
+                f"GPU placement: {placement.describe()}",
+                run,
+                EngineEventData({
+                    "GPU class": gpu_class.name,
+                    "GPU model": gpu_class.gpu_model,
+                    "GPU count": placement.gpu_count,
+                    "Resource": gpu_class.resource_name,
+                    "Node selector": ", ".join(f"{k}={v}" for k, v in sorted(gpu_class.node_selector.items())),
+                    "Tolerations": ", ".join(f"{t.key}:{t.effect}" for t in gpu_class.tolerations),
+                }),
+                cls=self.__class__,
+            )
+        super().launch_run(context)
+
+    def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
+        context = super().get_container_context_for_run(dagster_run)
+        placement = self.placement(dagster_run)
+        if placement is None:
+            return context
+        merged = context.merge(K8sContainerContext(
+            run_k8s_config=UserDefinedDagsterK8sConfig(**placement_k8s_config(placement))))
+        config = merged.run_k8s_config
+        enforced = enforce_placement({s: getattr(config, s) for s in _SECTIONS}, placement)
+        return merged._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
+            **enforced, merge_behavior=config.merge_behavior))
