@@ -6,7 +6,6 @@ from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`).
 """
 
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -15,7 +14,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from .classes import GpuClass, classes_dir, load_gpu_classes
+from .classes import GpuClass, cached_gpu_classes, classes_dir
 from .functions import ErrorPolicy, Function, FunctionDefinitionError, make_function
 from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
@@ -29,15 +28,10 @@ ERRORS_SCHEMA = pa.schema([
 ])
 
 
-@functools.lru_cache(maxsize=8)
-def _classes(directory: str, _mtime: float) -> dict[str, GpuClass]:
-    return load_gpu_classes(directory)
-
-
 def resolve_class(function: Function, directory: str | os.PathLike[str] | None = None) -> GpuClass:
     """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
     path = classes_dir(directory)
-    classes = _classes(str(path), path.stat().st_mtime if path.exists() else 0.0)
+    classes = cached_gpu_classes(path)
     label = f"Function {function.name!r}"
     if function.gpu_class not in classes:
         raise FunctionDefinitionError(

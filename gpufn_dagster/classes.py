@@ -9,6 +9,7 @@ nothing is half-loaded.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from datetime import timedelta
@@ -236,6 +237,24 @@ def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, Gp
     if problems:
         raise GpuClassError("invalid GPU classes:\n  " + "\n  ".join(problems))
     return {name: gpu_class for name, (_, gpu_class) in loaded.items()}
+
+
+def _directory_stamp(directory: Path) -> tuple:
+    return tuple(sorted((f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                        for f in [*directory.glob("*.yaml"), *directory.glob("*.yml")]))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(directory: str, _stamp: tuple) -> dict[str, GpuClass]:
+    return load_gpu_classes(directory)
+
+
+def cached_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, GpuClass]:
+    """load_gpu_classes, re-read only when a class file changed (launchers call this per run)."""
+    directory = classes_dir(path)
+    if not directory.is_dir():
+        return load_gpu_classes(directory)  # raises the not-found error
+    return _cached(str(directory.resolve()), _directory_stamp(directory))
 
 
 def list_gpu_classes(path: str | os.PathLike[str] | None = None) -> list[GpuClass]:

@@ -7,6 +7,7 @@ Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `cl
       class: GpuK8sRunLauncher
       config:
         instance_config_map: dagster-instance
+        service_account_name: dagster
         job_image: my-registry/my-code:latest
         classes_dir: /opt/gpufn/classes      # default: $GPUFN_CLASSES_DIR or ./classes
 
@@ -25,6 +26,7 @@ class and cannot be overridden or widened. Runs with no GPU step go exactly the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dagster import Field, Noneable, StringSource
@@ -36,8 +38,8 @@ from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
-from .classes import GpuClassError, load_gpu_classes
-from .placement import Placement, PlacementError, enforce_placement, gpu_requests, placement_k8s_config, resolve_placement
+from .classes import GpuClassError, cached_gpu_classes
+from .placement import Placement, PlacementError, enforce_placement, gpu_requests, resolve_placement
 from .tags import gpu_tags
 
 PLACEMENT_TAG = "gpufn/placement"
@@ -49,13 +51,21 @@ class GpuPlacementRejected(Exception):
     """The run's GPU request cannot be placed; no Kubernetes object was created."""
 
 
+@functools.lru_cache(maxsize=256)
+def _plan_step_tags(instance, snapshot_id: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    # Snapshot ids are content hashes, so a cached entry can never go stale; scheduled and
+    # sensor runs repeat the same selection and skip the read.
+    plan = instance.get_execution_plan_snapshot(snapshot_id)
+    return tuple((step.key, tuple(sorted((step.tags or {}).items()))) for step in plan.steps)
+
+
 def run_step_tags(instance, run: DagsterRun) -> list[dict[str, str]]:
     """The op tags of the steps this run will execute (from its stored execution plan)."""
     if not run.execution_plan_snapshot_id:
         return []
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
     selected = set(run.step_keys_to_execute or [])
-    return [dict(step.tags or {}) for step in plan.steps if not selected or step.key in selected]
+    return [dict(tags) for key, tags in _plan_step_tags(instance, run.execution_plan_snapshot_id)
+            if not selected or key in selected]
 
 
 def placement_for_run(instance, run: DagsterRun, classes_dir: str | None) -> Placement | None:
@@ -63,7 +73,7 @@ def placement_for_run(instance, run: DagsterRun, classes_dir: str | None) -> Pla
     requests = gpu_requests(run_step_tags(instance, run))
     if not requests:
         return None
-    return resolve_placement(requests, load_gpu_classes(classes_dir))
+    return resolve_placement(requests, cached_gpu_classes(classes_dir))
 
 
 class GpuK8sRunLauncher(K8sRunLauncher):
@@ -71,6 +81,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
 
     def __init__(self, classes_dir: str | None = None, **kwargs: Any):
         self._classes_dir = classes_dir
+        self._placements: dict[str, Placement | None] = {}  # run id -> placement, resolved once per launch
         super().__init__(**kwargs)
 
     @classmethod
@@ -81,12 +92,14 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         })
 
     def placement(self, run: DagsterRun) -> Placement | None:
+        if run.run_id in self._placements:
+            return self._placements[run.run_id]
         return placement_for_run(self._instance, run, self._classes_dir)
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         try:
-            placement = self.placement(run)
+            placement = self._placements[run.run_id] = self.placement(run)
         except (PlacementError, GpuClassError) as err:
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "rejected"})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
@@ -107,16 +120,19 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                 }),
                 cls=self.__class__,
             )
-        super().launch_run(context)
+        try:
+            super().launch_run(context)
+        finally:
+            self._placements.pop(run.run_id, None)
 
     def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
         context = super().get_container_context_for_run(dagster_run)
         placement = self.placement(dagster_run)
         if placement is None:
             return context
-        merged = context.merge(K8sContainerContext(
-            run_k8s_config=UserDefinedDagsterK8sConfig(**placement_k8s_config(placement))))
-        config = merged.run_k8s_config
+        # enforce_placement overlays the class's whole configuration (placement_k8s_config) onto
+        # what the lower layers produced, so no separate merge is needed.
+        config = context.run_k8s_config
         enforced = enforce_placement({s: getattr(config, s) for s in _SECTIONS}, placement)
-        return merged._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
+        return context._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
             **enforced, merge_behavior=config.merge_behavior))

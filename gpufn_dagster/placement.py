@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.utils.quantity import parse_quantity
+
 from .classes import GpuClass
 from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG
 
@@ -122,6 +124,10 @@ def enforce_placement(config: Mapping[str, Any], placement: Placement) -> dict[s
         section = {k: v for k, v in (resources.get(kind) or {}).items() if not _is_gpu_resource(k)}
         section.update({k: v for k, v in wanted["container_config"]["resources"][kind].items()})
         resources[kind] = section
+    for name, request in resources["requests"].items():  # a limit below the class's request is invalid
+        limit = resources["limits"].get(name)
+        if limit is not None and parse_quantity(limit) < parse_quantity(request):
+            resources["limits"][name] = request
     pod_spec = out.setdefault("pod_spec_config", {})
     pod_spec.pop("node_name", None)
     pod_spec["node_selector"] = {**(pod_spec.get("node_selector") or {}), **wanted["pod_spec_config"]["node_selector"]}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,37 @@ def cluster() -> Iterator:
     with DevCluster(binaries_dir()) as running:
         running.add_pools(list_gpu_classes(CLASSES), nodes_per_class=NODES_PER_CLASS, cpu=CPU_NODES)
         yield running
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def core(cluster):
+    import kubernetes
+
+    return kubernetes.client.CoreV1Api(cluster.api_client())
+
+
+@pytest.fixture
+def namespace(cluster, core) -> Iterator[str]:
+    """A namespace per test; its Jobs and pods are deleted (and gone) afterwards so pools are free again."""
+    import kubernetes
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
+             what="default service account")
+    yield name
+    kubernetes.client.BatchV1Api(cluster.api_client()).delete_collection_namespaced_job(
+        name, propagation_policy="Background")
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(name).items, what="pods deleted")
+    core.delete_namespace(name)

@@ -4,46 +4,14 @@ is full, and the real Job controller turns Jobs into pods. Only the Kubernetes A
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable, Iterator
-
 import kubernetes
 import pytest
 
 from gpufn_dagster.classes import GpuClass, load_gpu_classes
 
-from .conftest import CLASSES, CPU_NODES, NODES_PER_CLASS
+from .conftest import CLASSES, CPU_NODES, NODES_PER_CLASS, wait_for
 
 pytestmark = pytest.mark.k8s
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture
-def core(cluster) -> kubernetes.client.CoreV1Api:
-    return kubernetes.client.CoreV1Api(cluster.api_client())
-
-
-@pytest.fixture
-def namespace(core) -> Iterator[str]:
-    """A namespace per test; its pods are deleted (and gone) afterwards so pools are free again."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
-             what="default service account")
-    yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    wait_for(lambda: not core.list_namespaced_pod(name).items, what="pods deleted")
-    core.delete_namespace(name)
 
 
 def a100() -> GpuClass:

@@ -1,0 +1,38 @@
+"""A code location for the launcher tests: Functions of several GPU classes and a CPU Function.
+
+The run workers never execute here (KWOK fakes the pods), so the Functions' bodies do not matter.
+"""
+
+import dagster as dg
+import pyarrow as pa
+
+from gpufn_dagster import LanceDBResource, gpu_function
+
+
+@dg.asset
+def frames() -> None:
+    """The source table."""
+
+
+@gpu_function(table="frames", column="emb_a100", output_type=pa.list_(pa.float32()), gpu_class="a100-80gb", gpu_count=2)
+def embed_a100(text: str) -> list:
+    return []
+
+
+@gpu_function(table="frames", column="emb_l4", output_type=pa.list_(pa.float32()), gpu_class="l4")
+def embed_l4(text: str) -> list:
+    return []
+
+
+@gpu_function(table="frames", column="caption", output_type=pa.string(), gpu_class="a100-mig-1g-10gb")
+def caption(text: str) -> str:
+    return text
+
+
+@gpu_function(table="frames", column="words", output_type=pa.int64())
+def words(text: str) -> int:
+    return len(text.split())
+
+
+defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words],
+                      resources={"lancedb": LanceDBResource(uri="/nonexistent")})
