@@ -6,6 +6,7 @@ from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`).
 """
 
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -16,9 +17,10 @@ import pyarrow as pa
 
 from .classes import GpuClass, cached_gpu_classes, classes_dir
 from .functions import ErrorPolicy, Function, FunctionDefinitionError, make_function
+from .placement import Placement, placement_k8s_config
 from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
-from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG, gpu_tags
+from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG, K8S_CONFIG_TAG, gpu_tags
 
 ERRORS_TABLE = "gpufn_errors"
 ERRORS_SCHEMA = pa.schema([
@@ -85,12 +87,16 @@ def function_asset(function: Function, *, classes: str | os.PathLike[str] | None
     """A Dagster asset whose materialization refreshes the Function's column."""
     gpu_class = resolve_class(function, classes) if function.gpu else None
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
+    op_tags = dict(tags)
+    if gpu_class is not None:
+        # For k8s_job_executor: each step pod of this Function gets its class's placement.
+        op_tags[K8S_CONFIG_TAG] = json.dumps(placement_k8s_config(Placement(gpu_class, function.gpu_count)))
 
     @dg.asset(
         name=function.name,
         deps=[dg.AssetKey(function.source_asset)],
         tags=tags,
-        op_tags=tags,
+        op_tags=op_tags,
         kinds={"lance", "gpu" if function.gpu else "cpu"},
         code_version=function.version,
         description=function.description,

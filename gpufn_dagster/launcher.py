@@ -68,12 +68,36 @@ def run_step_tags(instance, run: DagsterRun) -> list[dict[str, str]]:
             if not selected or key in selected]
 
 
+@functools.lru_cache(maxsize=256)
+def _job_launches_step_pods(instance, job_snapshot_id: str) -> bool:
+    # k8s_job_executor's config schema is the only one with per_step_k8s_config; the job snapshot
+    # (content-addressed) records the executor's schema, nothing else names the executor.
+    snapshot = instance.get_job_snapshot(job_snapshot_id)
+    return any("per_step_k8s_config" in {f.name for f in (config.fields or [])}
+               for config in snapshot.config_schema_snapshot.all_config_snaps_by_key.values())
+
+
+def uses_step_pods(instance, run: DagsterRun) -> bool:
+    """Whether the run's steps run in their own pods (k8s_job_executor), each placed by its op tags."""
+    return bool(run.job_snapshot_id) and _job_launches_step_pods(instance, run.job_snapshot_id)
+
+
 def placement_for_run(instance, run: DagsterRun, classes_dir: str | None) -> Placement | None:
-    """The run worker's GPU placement, None for a CPU run; raises PlacementError / GpuClassError."""
+    """The run worker's GPU placement, None for a CPU run; raises PlacementError / GpuClassError.
+
+    With k8s_job_executor the run worker only orchestrates: it stays a CPU pod, and each GPU
+    step's pod carries its own class (op tags), so a run may mix classes. Each class requested
+    is still checked here, so an unknown class or too many GPUs fail before anything starts.
+    """
     requests = gpu_requests(run_step_tags(instance, run))
     if not requests:
         return None
-    return resolve_placement(requests, cached_gpu_classes(classes_dir))
+    classes = cached_gpu_classes(classes_dir)
+    if uses_step_pods(instance, run):
+        for name, count in requests.items():
+            resolve_placement({name: count}, classes)
+        return None
+    return resolve_placement(requests, classes)
 
 
 class GpuK8sRunLauncher(K8sRunLauncher):
@@ -103,6 +127,11 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         except (PlacementError, GpuClassError) as err:
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "rejected"})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
+        if placement is None and uses_step_pods(self._instance, run) and gpu_requests(run_step_tags(self._instance, run)):
+            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "per-step"})
+            self._instance.report_engine_event(
+                "GPU placement per step: the run worker is a CPU pod; k8s_job_executor places each GPU step's pod "
+                "on its class's node pool", run, cls=self.__class__)
         if placement is not None:
             gpu_class = placement.gpu_class
             self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),

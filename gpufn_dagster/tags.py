@@ -5,6 +5,8 @@ from __future__ import annotations
 GPU_CLASS_TAG = "gpufn/gpu-class"
 GPU_COUNT_TAG = "gpufn/gpu-count"
 CAPACITY_TAG = "gpufn/capacity"
+# dagster-k8s reads pod configuration for step pods (k8s_job_executor) from this op tag.
+K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
 def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:

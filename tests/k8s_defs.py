@@ -5,6 +5,7 @@ The run workers never execute here (KWOK fakes the pods), so the Functions' bodi
 
 import dagster as dg
 import pyarrow as pa
+from dagster_k8s import k8s_job_executor
 
 from gpufn_dagster import LanceDBResource, gpu_function
 
@@ -34,5 +35,8 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words],
+per_step = dg.define_asset_job("per_step", selection=["frames__emb_a100", "frames__emb_l4", "frames__words"],
+                               executor_def=k8s_job_executor)
+
+defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words], jobs=[per_step],
                       resources={"lancedb": LanceDBResource(uri="/nonexistent")})

@@ -45,14 +45,15 @@ def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
         yield instance
 
 
-def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None) -> str:
+def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
+                job: str = "__ASSET_JOB") -> str:
     """Launch a run the way the UI's Materialize button does; returns the run id."""
     origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
     with in_process_test_workspace(instance, origin) as context:
         (location,) = context.code_location_names
         result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
             "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
-                         "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
+                         "pipelineName": job, "assetSelection": [{"path": [a]} for a in assets]},
             "mode": "default",
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         }})
@@ -201,3 +202,49 @@ def test_too_many_gpus_for_the_class_fails_the_run(cluster, namespace, instance,
     text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
     assert "2 GPUs requested of class 'a100-80gb', whose max_gpu_count_per_worker is 1" in text
     assert jobs(cluster, namespace) == []
+
+
+def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster, namespace, instance):
+    from types import SimpleNamespace
+
+    from dagster_k8s.executor import K8sStepHandler
+    from dagster_k8s.job import construct_dagster_k8s_job
+
+    # Two classes in one run are fine when each step has its own pod; the run worker is a CPU pod.
+    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4", "frames__words", job="per_step")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step" and "gpufn/gpu-class" not in run.tags
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+
+    # Each step's pod, configured by dagster-k8s's own step handler from the step's op tags.
+    from dagster_k8s.container_context import K8sContainerContext
+
+    handler = K8sStepHandler(image="gpufn/worker:test", container_context=K8sContainerContext(namespace=namespace),
+                             load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    expected = {"frames__emb_a100": ("a100-80gb", "2"), "frames__emb_l4": ("l4", "1"), "frames__words": ("cpu", None)}
+    for step in plan.steps:
+        context = SimpleNamespace(
+            dagster_run=run, instance=instance, step_tags={step.key: step.tags},
+            execute_step_args=SimpleNamespace(step_keys_to_execute=[step.key]),
+            get_step_context=lambda key: SimpleNamespace(step=SimpleNamespace(op_name=key)))
+        container_context = handler._get_container_context(context)
+        job_name = f"step-{step.key.replace('_', '-')}"
+        job = construct_dagster_k8s_job(
+            job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
+                                                            run_launcher=instance.run_launcher),
+            args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
+            user_defined_k8s_config=container_context.run_k8s_config,
+            labels={"dagster/run-id": run_id, "step": job_name})
+        batch.create_namespaced_job(namespace, job)
+        core = kubernetes.client.CoreV1Api(cluster.api_client())
+        step_pod = wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
+                            what=f"{job_name} pod")[0]
+        node_name = wait_for(lambda p=step_pod.metadata.name: core.read_namespaced_pod(p, namespace).spec.node_name,
+                             what=f"{job_name} scheduled")
+        pool, gpus = expected[step.key]
+        assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == pool, step.key
+        limits = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0].resources.limits or {}
+        assert limits.get("nvidia.com/gpu") == gpus, step.key
