@@ -1,0 +1,127 @@
+"""Day-to-day triggers: scheduled refreshes, and sensors that refresh when a table's data changes.
+
+The sensor's cursor is the table version it last acted on (stored by Dagster, so it survives
+restarts). A new version starts one run, keyed `<table>@v<version>`, so the same version never
+starts two runs; several versions between ticks collapse into one refresh, which covers them all.
+Versions written by gpufn itself (refresh commits, column declarations) and by maintenance
+(compaction, indexes) are not data changes and start nothing -- otherwise every refresh would
+trigger the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import dagster as dg
+import lance
+
+from .assets import function_of
+from .resources import LanceDBResource
+from .tags import gpu_tags
+
+_NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
+GPUFN_COMMIT_PREFIX = "gpufn"
+
+
+def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
+    """Whether any (operation, commit message) since the cursor added or changed rows."""
+    for operation, message in operations:
+        if operation in _NO_DATA_CHANGE:
+            continue
+        if operation == "Merge":
+            continue  # columns added (e.g. a Function's declaration): no row added or changed
+        if operation == "DataReplacement" and message.startswith(GPUFN_COMMIT_PREFIX):
+            continue  # a gpufn refresh wrote computed values
+        return True
+    return False
+
+
+def operations_since(dataset: lance.LanceDataset, version: int) -> list[tuple[str, str]]:
+    """(operation, commit message) of every commit after `version`, oldest first."""
+    count = dataset.version - version
+    transactions = dataset.get_transactions(count) if count > 0 else []
+    out = []
+    for transaction in reversed(transactions):
+        if transaction is None:  # transaction file cleaned up: assume it changed data
+            out.append(("Unknown", ""))
+            continue
+        properties = transaction.transaction_properties or {}
+        out.append((type(transaction.operation).__name__, properties.get("__lance_commit_message", "")))
+    return out
+
+
+def _selection(targets: Sequence[dg.AssetsDefinition | str]) -> dg.AssetSelection:
+    keys = [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
+    return dg.AssetSelection.assets(*keys)
+
+
+def _run_tags(targets: Sequence[dg.AssetsDefinition | str]) -> dict[str, str]:
+    """GPU class tags for runs of a selection with exactly one GPU class (what the launcher would write)."""
+    functions = [function_of(t) for t in targets if isinstance(t, dg.AssetsDefinition)]
+    classes = {(f.gpu_class, f.gpu_count) for f in functions if f is not None and f.gpu}
+    names = {name for name, _ in classes}
+    if len(names) != 1:
+        return {}
+    name = names.pop()
+    return gpu_tags(name, max(count for n, count in classes if n == name))
+
+
+def refresh_job(name: str, targets: Sequence[dg.AssetsDefinition | str], description: str | None = None):
+    return dg.define_asset_job(name, selection=_selection(targets), tags=_run_tags(targets),
+                               description=description or f"Refresh {', '.join(_names(targets))}")
+
+
+def _names(targets: Sequence[dg.AssetsDefinition | str]) -> list[str]:
+    return [t.key.to_user_string() if isinstance(t, dg.AssetsDefinition) else t for t in targets]
+
+
+def refresh_schedule(
+    name: str,
+    cron: str,
+    targets: Sequence[dg.AssetsDefinition | str],
+    *,
+    timezone: str = "UTC",
+    running: bool = False,
+) -> dg.ScheduleDefinition:
+    """Refresh these Functions and views on a cron schedule (through the same launcher path as the UI)."""
+    return dg.ScheduleDefinition(
+        name=name, cron_schedule=cron, execution_timezone=timezone, job=refresh_job(f"{name}_job", targets),
+        default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
+        description=f"Refresh {', '.join(_names(targets))} on '{cron}' ({timezone})",
+    )
+
+
+def table_sensor(
+    table: str,
+    targets: Sequence[dg.AssetsDefinition | str],
+    *,
+    name: str | None = None,
+    minimum_interval_seconds: int = 30,
+    running: bool = False,
+) -> dg.SensorDefinition:
+    """Refresh `targets` when rows of `table` are added, updated or deleted."""
+    job = refresh_job(f"{name or table + '_changed'}_job", targets)
+
+    @dg.sensor(name=name or f"{table}_changed", job=job, minimum_interval_seconds=minimum_interval_seconds,
+               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               description=f"Refreshes {', '.join(_names(targets))} when table {table!r} changes")
+    def _sensor(context: dg.SensorEvaluationContext, lancedb: LanceDBResource):
+        db = lancedb.connect()
+        if table not in db.list_tables().tables:
+            return dg.SkipReason(f"table {table!r} does not exist yet in {lancedb.uri}")
+        dataset = db.open_table(table).to_lance()
+        version = dataset.version
+        last = int(context.cursor) if context.cursor else None
+        if last is not None and version <= last:
+            return dg.SkipReason(f"table {table!r} unchanged since version {last}")
+        if last is not None and not changed_data(operations_since(dataset, last)):
+            return dg.SensorResult(skip_reason=dg.SkipReason(
+                f"table {table!r} versions {last + 1}..{version} changed no rows (gpufn refreshes, maintenance)"),
+                cursor=str(version))
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",
+                                        tags={"gpufn/table": table, "gpufn/table-version": str(version)})],
+            cursor=str(version),
+        )
+
+    return _sensor
