@@ -22,6 +22,11 @@ from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
 from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG, K8S_CONFIG_TAG, gpu_tags
 
+# The Function spec behind each Function asset, by key; a later definition of a key replaces it.
+_FUNCTIONS: dict[dg.AssetKey, Function] = {}
+# Where a Function was declared when that was a YAML file (for error messages), by key.
+DECLARED_IN: dict[dg.AssetKey, str] = {}
+
 ERRORS_TABLE = "gpufn_errors"
 ERRORS_SCHEMA = pa.schema([
     ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
@@ -123,7 +128,8 @@ def function_asset(function: Function, *, classes: str | os.PathLike[str] | None
         _record_errors(lancedb, function, result, context.run.run_id)
         return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 
-    _refresh.gpufn_function = function  # type: ignore[attr-defined]  # read by definitions(), views
+    _FUNCTIONS[_refresh.key] = function
+    DECLARED_IN.pop(_refresh.key, None)  # set again by the YAML component that declared it, if any
     return _refresh
 
 
@@ -162,9 +168,9 @@ def gpu_function(
     return decorate
 
 
-def function_of(asset: dg.AssetsDefinition) -> Function | None:
-    """The Function behind an asset made by `gpu_function`, if it is one."""
-    return getattr(asset, "gpufn_function", None)
+def function_of(asset: dg.AssetsDefinition | dg.AssetKey) -> Function | None:
+    """The Function behind an asset made by `gpu_function` (by key: Dagster copies asset objects)."""
+    return _FUNCTIONS.get(asset.key if isinstance(asset, dg.AssetsDefinition) else asset)
 
 
 __all__ = ["gpu_function", "function_asset", "function_of", "GPU_CLASS_TAG", "GPU_COUNT_TAG"]

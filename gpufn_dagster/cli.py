@@ -71,5 +71,22 @@ def devcluster(nodes_per_class: int, cpu_nodes: int, directory: str | None) -> N
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
 
 
+@main.command("append-docs")
+@click.option("--rows", default=100, show_default=True, help="How many sample documents to append.")
+@click.option("--db", envvar="GPUFN_LANCEDB_URI", default=".gpufn_data/lancedb", show_default=True)
+def append_docs(rows: int, db: str) -> None:
+    """Append sample documents to the example's `docs` table (the sensor then starts a refresh)."""
+    import lancedb
+
+    from .sample import sample_docs
+
+    import pyarrow.compute as pc
+
+    table = lancedb.connect(db).open_table("docs")
+    ids = table.to_lance().to_table(columns=["id"]).column("id")
+    table.add(sample_docs(rows, start_id=(pc.max(ids).as_py() or -1) + 1))
+    click.echo(f"appended {rows} documents to {db}/docs (now {table.count_rows():,} rows, version {table.version})")
+
+
 if __name__ == "__main__":
     main()

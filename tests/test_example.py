@@ -17,6 +17,8 @@ import lancedb
 import numpy as np
 import pytest
 
+from gpufn_dagster import function_of
+
 from .conftest import REPO
 
 
@@ -35,6 +37,7 @@ def test_example_materializes_embeddings_counts_and_view(example, tmp_path):
     defs = example.defs
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"docs", "docs__embedding", "docs__word_count", "docs_en", "docs_en__shout"}
+    assert {s.name for s in defs.schedules} == {"nightly_docs_refresh"} and {s.name for s in defs.sensors} == {"docs_changed"}
     result = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     docs = lancedb.connect(str(tmp_path / "lancedb")).open_table("docs").to_arrow()
@@ -44,7 +47,7 @@ def test_example_materializes_embeddings_counts_and_view(example, tmp_path):
     first = docs.slice(0, 1).to_pylist()[0]
     assert first["word_count"] == len(first["text"].split())
     # Similar sentences embed closer than unrelated ones: the model is real.
-    model = example.MiniLMEmbedder.gpufn_function.open()
+    model = function_of(example.embedding).open()
     a, b, c = (model(pa_array([t])).to_pylist()[0] for t in
                ("The GPU computes the column.", "A GPU fills the column.", "Le noeud attend la grappe."))
     assert np.dot(a, b) > np.dot(a, c)

@@ -1,0 +1,29 @@
+"""The example pipeline declared in YAML (`docs_pipeline/defs/*/defs.yaml`), plus its source table.
+
+    dagster dev -m docs_pipeline.yaml_definitions
+"""
+
+import os
+from pathlib import Path
+
+from dagster.components import load_defs
+
+import docs_pipeline.defs
+from docs_pipeline.udfs import docs
+from gpufn_dagster import build_definitions
+from gpufn_dagster.classes import CLASSES_DIR_ENV
+from gpufn_dagster.resources import DB_URI_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault(CLASSES_DIR_ENV, str(ROOT / "classes"))
+DB_URI = os.environ.setdefault(DB_URI_ENV, str(ROOT / ".gpufn_data" / "lancedb"))
+
+
+
+def _build():
+    components = load_defs(docs_pipeline.defs, project_root=ROOT)
+    return build_definitions(assets=[docs, *components.assets], asset_checks=list(components.asset_checks or []),
+                             db_uri=DB_URI)
+
+
+defs = _build()
