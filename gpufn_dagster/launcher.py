@@ -115,6 +115,10 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                                  description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
         })
 
+    @property
+    def classes_dir(self) -> str | None:
+        return self._classes_dir
+
     def placement(self, run: DagsterRun) -> Placement | None:
         if run.run_id in self._placements:
             return self._placements[run.run_id]
