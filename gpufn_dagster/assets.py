@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from .classes import GpuClass, cached_gpu_classes, classes_dir
 from .functions import ErrorPolicy, Function, FunctionDefinitionError, make_function
+from .local import visible_devices
 from .placement import Placement, placement_k8s_config
 from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
@@ -121,6 +122,9 @@ def function_asset(function: Function, *, classes: str | os.PathLike[str] | None
         def report(progress: Progress) -> None:
             context.log.info(f"{function.name}: {progress.line()}")
 
+        devices = visible_devices(context.run.tags, gpu_class.local.devices) if gpu_class else None
+        if devices is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices  # embedded mode: the device of this run's local slot
         context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
                          f"(Function version {function.version}"
                          + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
