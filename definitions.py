@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from docs_pipeline.udfs import EMBEDDING_DIM, MiniLMEmbedder, count_words, docs, shout
 from gpufn_dagster import build_definitions, gpu_function, materialized_view_asset
+from gpufn_dagster.capacity_watch import capacity_sensor
 from gpufn_dagster.checks import function_checks
 from gpufn_dagster.classes import CLASSES_DIR_ENV
 from gpufn_dagster.resources import DB_URI_ENV
@@ -36,6 +37,6 @@ defs = build_definitions(
     assets=[docs, *refreshed],
     asset_checks=[*function_checks(embedding), *function_checks(word_count)],
     schedules=[refresh_schedule("nightly_docs_refresh", "0 3 * * *", refreshed)],
-    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=15, running=True)],
+    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=15, running=True), capacity_sensor()],
     db_uri=DB_URI,
 )

@@ -35,7 +35,7 @@ from .capacity import State, Verdict, class_nodes, pod_verdict
 from .classes import GpuClass
 from .launcher import PLACEMENT_TAG
 from .placement import CLASS_LABEL
-from .tags import CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG
+from .tags import CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, tag_value
 
 WAITING_SINCE_TAG = "gpufn/waiting-since"
 REPORTED_TAG = "gpufn/capacity-reported"
@@ -158,7 +158,9 @@ class CapacityWatcher:
             if previous != "waiting":
                 self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "waiting", WAITING_SINCE_TAG: f"{since:.0f}"})
             if run.tags.get(REPORTED_TAG) != key:
-                self.instance.add_run_tags(run.run_id, {REPORTED_TAG: key})
+                top = max(verdict.reasons.counts.items(), key=lambda item: item[1])[0] if verdict.reasons and \
+                    verdict.reasons.counts else verdict.reason
+                self.instance.add_run_tags(run.run_id, {REPORTED_TAG: key, CAPACITY_REASON_TAG: tag_value(top)})
                 place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
                 autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
                 self._event(run, f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since "
@@ -176,7 +178,8 @@ class CapacityWatcher:
                 self._event(run, f"GPU capacity arrived: scheduled on node {verdict.node} after waiting {waited:.0f}s",
                             {"Node": verdict.node, "Waited seconds": round(waited, 1), "GPU class": gpu_class.name})
             if previous != "scheduled":
-                self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "scheduled"})
+                self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "scheduled",
+                                                        CAPACITY_REASON_TAG: tag_value(f"on {verdict.node}")})
         elif verdict.state is State.NEVER_FITS:
             self._fail(run, pod, "never-fits", report, f"This run can never start: {verdict.message}")
         elif verdict.state in (State.GATED, State.FAILING) and previous != verdict.state.value:
@@ -212,6 +215,21 @@ class CapacityWatcher:
                     "waiting or running", run, cls=self.__class__)
 
 
+def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[str, list[tuple[str, float]]]:
+    """GPU class -> (run id, seconds waited) of every run waiting for capacity, longest first.
+
+    Works for both modes: queued runs waiting for a local slot and STARTING runs waiting on Kubernetes.
+    """
+    now = time.time() if now is None else now
+    runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING],
+                                        tags={CAPACITY_TAG: "waiting"}))
+    out: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for run in runs:
+        since = float(run.tags.get(WAITING_SINCE_TAG, now))
+        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - since))
+    return {name: sorted(items, key=lambda item: -item[1]) for name, items in sorted(out.items())}
+
+
 def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = None,
                     minimum_interval_seconds: int = 10, running: bool = True):
     """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view."""
@@ -225,7 +243,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = N
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
                description="Reports GPU runs waiting for capacity on Kubernetes, per class; enforces max_wait; "
                            "deletes Jobs of runs that ended while their pod waited.")
-    def gpu_capacity(context: dg.SensorEvaluationContext):
+    def gpu_capacity(context):
         launcher = context.instance.run_launcher
         if not isinstance(launcher, GpuK8sRunLauncher):
             return dg.SkipReason("the run launcher is not GpuK8sRunLauncher; local GPU slots are waited for in "

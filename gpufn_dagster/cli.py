@@ -71,6 +71,29 @@ def devcluster(nodes_per_class: int, cpu_nodes: int, directory: str | None) -> N
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def capacity(as_json: bool) -> None:
+    """Runs waiting for GPU capacity, per class (reads the Dagster instance in $DAGSTER_HOME)."""
+    from dagster import DagsterInstance
+
+    from .capacity_watch import waiting_runs
+
+    with DagsterInstance.get() as instance:
+        waiting = waiting_runs(instance)
+    if as_json:
+        click.echo(json.dumps({name: [{"run_id": r, "waited_seconds": round(w, 1)} for r, w in items]
+                               for name, items in waiting.items()}, indent=2))
+        return
+    if not waiting:
+        click.echo("no run is waiting for GPU capacity")
+        return
+    from tabulate import tabulate
+
+    rows = [[name, len(items), f"{items[0][1]:.0f}s", ", ".join(r[:8] for r, _ in items)] for name, items in waiting.items()]
+    click.echo(tabulate(rows, headers=["GPU CLASS", "WAITING RUNS", "LONGEST WAIT", "RUNS"]))
+
+
 @main.command("append-docs")
 @click.option("--rows", default=100, show_default=True, help="How many sample documents to append.")
 @click.option("--db", envvar="GPUFN_LANCEDB_URI", default=".gpufn_data/lancedb", show_default=True)

@@ -32,7 +32,7 @@ from dagster._utils.merger import merge_dicts
 from .classes import cached_gpu_classes
 from .launcher import run_step_tags
 from .placement import gpu_requests, resolve_placement
-from .tags import CAPACITY_TAG, GPU_CLASS_TAG, gpu_tags
+from .tags import CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, gpu_tags, tag_value
 
 LOCAL_SLOT_TAG = "gpufn/local-slot"
 QUEUED_AT_TAG = "gpufn/waiting-since"
@@ -79,7 +79,8 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                                                         tags={GPU_CLASS_TAG: gpu_class.name}))
             tags = gpu_tags(gpu_class.name, placement.gpu_count)
             if len(busy) >= gpu_class.local.slots or queued:
-                tags.update({CAPACITY_TAG: "waiting", QUEUED_AT_TAG: f"{time.time():.0f}"})
+                tags.update({CAPACITY_TAG: "waiting", QUEUED_AT_TAG: f"{time.time():.0f}",
+                             CAPACITY_REASON_TAG: tag_value(f"all {gpu_class.local.slots} local slots in use")})
             self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id)
             if CAPACITY_TAG in tags:
@@ -105,7 +106,7 @@ class LocalGpuRunLauncher(DefaultRunLauncher):
             used = {r.tags.get(LOCAL_SLOT_TAG) for r in others if r.run_id != run.run_id}
             slots = classes[name].local.slots if name in classes else 1
             slot = next((str(i) for i in range(max(slots, 1)) if str(i) not in used), "0")
-            tags = {LOCAL_SLOT_TAG: slot, CAPACITY_TAG: "running"}
+            tags = {LOCAL_SLOT_TAG: slot, CAPACITY_TAG: "running", CAPACITY_REASON_TAG: "slot-acquired"}
             self._instance.add_run_tags(run.run_id, tags)
             if run.tags.get(CAPACITY_TAG) == "waiting":
                 waited = time.time() - float(run.tags.get(QUEUED_AT_TAG, time.time()))

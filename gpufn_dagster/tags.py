@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+
 GPU_CLASS_TAG = "gpufn/gpu-class"
 GPU_COUNT_TAG = "gpufn/gpu-count"
 CAPACITY_TAG = "gpufn/capacity"
 # dagster-k8s reads pod configuration for step pods (k8s_job_executor) from this op tag.
 K8S_CONFIG_TAG = "dagster-k8s/config"
+
+
+CAPACITY_REASON_TAG = "gpufn/capacity-reason"
+
+
+def tag_value(text: str) -> str:
+    """Text squeezed into a Dagster tag value ([A-Za-z0-9_.-], at most 63 characters)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:63]
 
 
 def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:

@@ -37,7 +37,8 @@ def test_example_materializes_embeddings_counts_and_view(example, tmp_path):
     defs = example.defs
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"docs", "docs__embedding", "docs__word_count", "docs_en", "docs_en__shout"}
-    assert {s.name for s in defs.schedules} == {"nightly_docs_refresh"} and {s.name for s in defs.sensors} == {"docs_changed"}
+    assert {s.name for s in defs.schedules} == {"nightly_docs_refresh"}
+    assert {s.name for s in defs.sensors} == {"docs_changed", "gpu_capacity"}
     result = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     docs = lancedb.connect(str(tmp_path / "lancedb")).open_table("docs").to_arrow()

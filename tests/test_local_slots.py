@@ -3,6 +3,10 @@ daemon and real run workers), says why, and starts when the slot frees."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +66,11 @@ def test_gpu_run_beyond_local_slots_waits_then_starts(tmp_path, monkeypatch, cla
         assert waiting.tags["gpufn/capacity"] == "waiting"
         events = [e.message for e in instance.all_logs(second) if e.is_dagster_event and e.message]
         assert any("Waiting for a local GPU slot of class 'default': all 1 slot(s) in use" in m for m in events)
+
+        # The operator's view on the command line.
+        listed = subprocess.run([sys.executable, "-m", "gpufn_dagster.cli", "capacity", "--json"], check=True,
+                                capture_output=True, text=True, env={**os.environ, "DAGSTER_HOME": instance.root_directory})
+        assert [r["run_id"] for r in json.loads(listed.stdout)["default"]] == [second]
 
         dequeue()
         wait_for(lambda: instance.get_run_by_id(first).status in (DagsterRunStatus.STARTED, DagsterRunStatus.SUCCESS),
