@@ -153,24 +153,25 @@ class CapacityWatcher:
                            f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
                            f"Last scheduler message: {verdict.message}")
                 return
-            # What the last event said, as a tag: ticks may run in a fresh process each time.
-            key = hashlib.sha1(f"{verdict.message}|{position}|{verdict.autoscaler}".encode()).hexdigest()[:12]
-            if previous != "waiting":
-                self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "waiting", WAITING_SINCE_TAG: f"{since:.0f}"})
-            if run.tags.get(REPORTED_TAG) != key:
-                top = max(verdict.reasons.counts.items(), key=lambda item: item[1])[0] if verdict.reasons and \
-                    verdict.reasons.counts else verdict.reason
-                self.instance.add_run_tags(run.run_id, {REPORTED_TAG: key, CAPACITY_REASON_TAG: tag_value(top)})
-                place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
-                autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
-                self._event(run, f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since "
-                                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))}; {place}. "
-                                 f"Scheduler: {verdict.message}{autoscaler}",
-                            {"GPU class": gpu_class.name, "Requested": request, "Waiting since": since,
-                             "Scheduler message": verdict.message,
-                             "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
-                             "Position": f"{position[0]} of {position[1]}" if position else "",
-                             "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"})
+            # What the last event said, as a tag: ticks may run in a fresh process each time. The
+            # position is not part of it, or every wait would be re-reported whenever the queue moves.
+            key = hashlib.sha1(f"{verdict.message}|{verdict.autoscaler}".encode()).hexdigest()[:12]
+            if run.tags.get(REPORTED_TAG) == key and previous == "waiting":
+                return
+            top = max(verdict.reasons.counts.items(), key=lambda item: item[1])[0] if verdict.reasons and \
+                verdict.reasons.counts else verdict.reason
+            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "waiting", WAITING_SINCE_TAG: f"{since:.0f}",
+                                                    REPORTED_TAG: key, CAPACITY_REASON_TAG: tag_value(top)})
+            place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
+            autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
+            self._event(run, f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))}; {place}. "
+                             f"Scheduler: {verdict.message}{autoscaler}",
+                        {"GPU class": gpu_class.name, "Requested": request, "Waiting since": since,
+                         "Scheduler message": verdict.message,
+                         "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
+                         "Position": f"{position[0]} of {position[1]}" if position else "",
+                         "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"})
         elif verdict.state is State.SCHEDULED:
             stats.running += 1
             if previous == "waiting":
