@@ -85,7 +85,7 @@ def lambda_free_double(price: float) -> float:
 
 
 def summarize(batch: pa.RecordBatch) -> pa.Array:
-    return pa.array([f"{t} costs {p}" for t, p in zip(batch["text"].to_pylist(), batch["price"].to_pylist())])
+    return pa.array([f"{t} costs {p}" for t, p in zip(batch["text"].to_pylist(), batch["price"].to_pylist(), strict=True)])
 
 
 def test_struct_result_fills_several_columns(db_uri):

@@ -85,14 +85,16 @@ def test_mig_pod_lands_only_on_mig_nodes(core, namespace):
     assert core.read_node(node).metadata.labels["gpufn.dev/pool"] == "a100-mig-1g-10gb"
 
 
+def cpu_job(name: str, pod_metadata: dict) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": pod_metadata,
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}
+
+
 def test_job_controller_creates_pod_that_completes(cluster, core, namespace):
     batch = kubernetes.client.BatchV1Api(cluster.api_client())
-    batch.create_namespaced_job(namespace, {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job"},
-        "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"annotations": {"gpufn.dev/fake-run-ms": "200"}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}},
-    })
+    batch.create_namespaced_job(namespace, cpu_job("job", {"annotations": {"gpufn.dev/fake-run-ms": "200"}}))
     pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector="job-name=job").items, what="Job pod")
     assert core.read_node(wait_for(lambda: node_of(core, namespace, pods[0].metadata.name), what="bound")) \
         .metadata.labels["gpufn.dev/pool"] == "cpu"
@@ -101,10 +103,5 @@ def test_job_controller_creates_pod_that_completes(cluster, core, namespace):
 
 def test_failing_pod_fails_its_job(cluster, core, namespace):
     batch = kubernetes.client.BatchV1Api(cluster.api_client())
-    batch.create_namespaced_job(namespace, {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "bad"},
-        "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"labels": {"gpufn.dev/fake-outcome": "fail"}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}},
-    })
+    batch.create_namespaced_job(namespace, cpu_job("bad", {"labels": {"gpufn.dev/fake-outcome": "fail"}}))
     wait_for(lambda: (batch.read_namespaced_job("bad", namespace).status.failed or 0) == 1, what="Job failed")

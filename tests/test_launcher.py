@@ -224,6 +224,7 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
                              load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
     plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
     batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
     expected = {"frames__emb_a100": ("a100-80gb", "2"), "frames__emb_l4": ("l4", "1"), "frames__words": ("cpu", None)}
     for step in plan.steps:
         context = SimpleNamespace(
@@ -239,7 +240,6 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
             user_defined_k8s_config=container_context.run_k8s_config,
             labels={"dagster/run-id": run_id, "step": job_name})
         batch.create_namespaced_job(namespace, job)
-        core = kubernetes.client.CoreV1Api(cluster.api_client())
         step_pod = wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
                             what=f"{job_name} pod")[0]
         node_name = wait_for(lambda p=step_pod.metadata.name: core.read_namespaced_pod(p, namespace).spec.node_name,

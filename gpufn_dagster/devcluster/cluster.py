@@ -197,7 +197,7 @@ class DevCluster:
             process = self.processes[name]
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for name, process in self.processes.items():
+        for process in self.processes.values():
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ thread-safe.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -233,7 +234,7 @@ def refresh_column(
             run = _Run(dataset, function, store, report, report_every, progress)
             run.call = previous_call
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
-                groups = list(pool.map(lambda item: _refresh_fragment(run, item), work))
+                groups = list(pool.map(functools.partial(_refresh_fragment, run), work))
             if not groups:
                 version_after = dataset.version
                 break
