@@ -6,9 +6,8 @@
 import os
 from pathlib import Path
 
-from dagster.components import load_defs
+from dagster.components import load_from_defs_folder
 
-import docs_pipeline.defs
 from docs_pipeline.udfs import docs
 from gpufn_dagster import build_definitions
 from gpufn_dagster.classes import CLASSES_DIR_ENV
@@ -21,7 +20,7 @@ DB_URI = os.environ.setdefault(DB_URI_ENV, str(ROOT / ".gpufn_data" / "lancedb")
 
 
 def _build():
-    components = load_defs(docs_pipeline.defs, project_root=ROOT)
+    components = load_from_defs_folder(path_within_project=ROOT)  # [tool.dg] in pyproject.toml
     return build_definitions(assets=[docs, *components.assets], asset_checks=list(components.asset_checks or []),
                              db_uri=DB_URI)
 
