@@ -125,3 +125,40 @@ def table_sensor(
         )
 
     return _sensor
+
+
+def unfilled_rows_sensor(
+    function_asset: dg.AssetsDefinition,
+    threshold: int,
+    *,
+    name: str | None = None,
+    minimum_interval_seconds: int = 60,
+    running: bool = False,
+) -> dg.SensorDefinition:
+    """Refresh a Function once at least `threshold` rows of its table are not computed yet.
+
+    For tables that grow in many small appends: rather than a run per version, one run per batch of
+    new rows. One run per table version at most (run key), none while below the threshold.
+    """
+    function = function_of(function_asset)
+    if function is None:
+        raise ValueError(f"{function_asset.key.to_user_string()} is not a gpu_function asset")
+    sensor_name = name or f"{function.name}_unfilled"
+    job = refresh_job(f"{sensor_name}_job", [function_asset])
+
+    @dg.sensor(name=sensor_name, job=job, minimum_interval_seconds=minimum_interval_seconds,
+               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               description=f"Refreshes {function.name} when {threshold:,}+ rows of {function.table!r} are unfilled")
+    def _sensor(context: dg.SensorEvaluationContext, lancedb: LanceDBResource):
+        db = lancedb.connect()
+        if function.table not in db.list_tables().tables:
+            return dg.SkipReason(f"table {function.table!r} does not exist yet")
+        table = db.open_table(function.table)
+        unfilled = (table.count_rows(f"{function.sig_column} IS NULL") if function.sig_column in table.schema.names
+                    else table.count_rows())
+        if unfilled < threshold:
+            return dg.SkipReason(f"{unfilled:,} unfilled rows in {function.table!r}, below the threshold of {threshold:,}")
+        return dg.RunRequest(run_key=f"{function.table}@v{table.version}:unfilled",
+                             tags={"gpufn/table": function.table, "gpufn/unfilled-rows": str(unfilled)})
+
+    return _sensor

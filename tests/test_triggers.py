@@ -14,7 +14,7 @@ from dagster._core.test_utils import instance_for_test
 from gpufn_dagster import build_definitions, gpu_function
 from gpufn_dagster.checks import function_checks
 from gpufn_dagster.resources import STABLE_ROW_IDS, LanceDBResource
-from gpufn_dagster.triggers import changed_data, refresh_schedule, table_sensor
+from gpufn_dagster.triggers import changed_data, refresh_schedule, table_sensor, unfilled_rows_sensor
 
 
 def upper(text: str) -> str:
@@ -145,3 +145,17 @@ def test_asset_checks_report_unfilled_and_failed_rows(db_uri):
                                     resources=defs.resources, instance=instance)
         unfilled = {e.check_name: e for e in check_only.get_asset_check_evaluations()}["no_unfilled_rows"]
         assert not unfilled.passed and unfilled.metadata["unfilled_rows"].value == 4
+
+
+def test_unfilled_rows_sensor_waits_for_the_threshold(db_uri, upper_asset):
+    add_docs(db_uri, 0, 10)
+    sensor = unfilled_rows_sensor(upper_asset, threshold=20)
+    with instance_for_test() as instance:
+        skipped = evaluate(sensor, instance, db_uri, None)
+        assert "10 unfilled rows in 'docs', below the threshold of 20" in skipped.skip_message
+        add_docs(db_uri, 10, 15)
+        (request,) = evaluate(sensor, instance, db_uri, None).run_requests
+        assert request.tags["gpufn/unfilled-rows"] == "25"
+        defs = build_definitions(assets=[upper_asset], db_uri=db_uri)
+        assert dg.materialize([upper_asset], resources=defs.resources, instance=instance).success
+        assert "0 unfilled rows" in evaluate(sensor, instance, db_uri, None).skip_message
