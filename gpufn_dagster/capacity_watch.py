@@ -236,9 +236,10 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = N
     """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view."""
     import dagster as dg
     import kubernetes
+    import urllib3
 
     from .classes import cached_gpu_classes
-    from .launcher import GpuK8sRunLauncher
+    from .launcher import GpuK8sRunLauncher, KubernetesUnavailable
 
     @dg.sensor(name="gpu_capacity", minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
@@ -253,7 +254,13 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = N
         watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api(),
                                   cached_gpu_classes(classes_dir or launcher.classes_dir),
                                   namespace or launcher.job_namespace)
-        report = watcher.tick()
+        try:
+            report = watcher.tick()
+        except (urllib3.exceptions.HTTPError, kubernetes.client.ApiException) as err:
+            host = kubernetes.client.Configuration.get_default_copy().host
+            raise KubernetesUnavailable(f"cannot watch GPU runs: the Kubernetes API at {host} failed "
+                                        f"({type(err).__name__}: {str(err).splitlines()[0][:300]}); runs keep "
+                                        "waiting and are checked again next tick") from err
         context.log.info(report.summary())
         return dg.SkipReason(report.summary())
 

@@ -29,12 +29,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import kubernetes
+import urllib3
+
 from dagster import Field, Noneable, StringSource
 from dagster._core.events import EngineEventData
 from dagster._core.launcher import LaunchRunContext
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 from dagster_k8s import K8sRunLauncher
+from dagster_k8s.client import DagsterK8sAPIRetryLimitExceeded, DagsterK8sError, DagsterK8sUnrecoverableAPIError
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
@@ -45,6 +49,10 @@ from .tags import gpu_tags
 PLACEMENT_TAG = "gpufn/placement"
 _SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
              "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
+
+
+class KubernetesUnavailable(Exception):
+    """The Kubernetes API did not accept the run worker's Job (down, unreachable, or refusing)."""
 
 
 class GpuPlacementRejected(Exception):
@@ -155,6 +163,13 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             )
         try:
             super().launch_run(context)
+        except (DagsterK8sError, DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError,
+                urllib3.exceptions.HTTPError, kubernetes.client.ApiException) as err:
+            host = kubernetes.client.Configuration.get_default_copy().host
+            raise KubernetesUnavailable(
+                f"could not create the run worker Job in namespace {self.job_namespace!r}: the Kubernetes API at "
+                f"{host} failed ({type(err).__name__}: {str(err).splitlines()[0][:300]}). Nothing was created; "
+                "re-execute the run once the API answers.") from err
         finally:
             self._placements.pop(run.run_id, None)
 

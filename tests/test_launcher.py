@@ -248,3 +248,30 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
         assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == pool, step.key
         limits = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0].resources.limits or {}
         assert limits.get("nvidia.com/gpu") == gpus, step.key
+
+
+def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes_dir):
+    """A kubeconfig whose API server does not answer: the run fails saying so, nothing half-made."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "down",
+        "clusters": [{"name": "down", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
+    config = {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
+        "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": "default",
+        "load_incluster_config": False, "kubeconfig_file": str(kubeconfig), "job_image": "img",
+        "classes_dir": str(classes_dir)}}
+    overrides = {"run_launcher": config,
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
+    with instance_for_test(overrides=overrides) as instance:
+        run_id = materialize(instance, "frames__emb_l4")
+        run = instance.get_run_by_id(run_id)
+        assert run.status.value == "FAILURE"
+        text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+        assert "KubernetesUnavailable" in text and f"the Kubernetes API at https://127.0.0.1:{port} failed" in text
