@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 HERE = Path(__file__).resolve().parent
-FRAGMENT_ROWS = 1_000_000
+# Rows per call of the batch UDF; a trivial vectorized UDF is best called with large batches.
+BATCH_ROWS = 262_144
 
 
 def make_table(uri: str, rows: int) -> None:
@@ -71,7 +72,7 @@ def run_case(case: str, uri: str) -> dict:
     detail = {}
     if case in ("gpufn", "gpufn_incremental"):
         result = refresh_column(table_uri, make_function(double_x, table="t", column="y_gpufn",
-                                                         output_type=pa.int64(), batch_size=65536))
+                                                         output_type=pa.int64(), batch_size=BATCH_ROWS))
         detail = {"rows_computed": result.rows_computed}
     elif case == "gpufn_rows":
         result = refresh_column(table_uri, make_function(double_row, table="t", column="y_rows", batch_size=65536))

@@ -103,10 +103,11 @@ class _Run:
         names = [*function.columns, function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
         self.out_ids = field_ids(dataset, names)
-        self.scan_columns = {n: f"`{n}`" for n in dict.fromkeys([*function.inputs, *names])}
-        self.scan_columns.update(scan_expressions(function, dataset.schema))
+        # A fragment the Function never wrote needs only its inputs; others also their stored outputs.
+        self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
+        self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
 
-    def compute(self, inputs: pa.RecordBatch, addresses: list[int]) -> tuple[pa.Array, list[RowError]]:
+    def compute(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.Array, list[RowError]]:
         with self.call_lock:
             if self.call is None:
                 self.call = self.function.open()
@@ -127,21 +128,28 @@ class _Run:
             self.call.close()
 
 
-def _outputs(run: _Run, batch: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.RecordBatch, list[RowError], int]:
-    """Output columns for a scanned batch: current rows keep their values, stale rows are computed."""
+def _outputs(run: _Run, batch: pa.RecordBatch, addresses: np.ndarray,
+             new: bool) -> tuple[pa.RecordBatch, list[RowError], int]:
+    """Output columns for a scanned batch: current rows keep their values, stale rows are computed.
+
+    In a fragment the Function never wrote (`new`), every row is stale and nothing stored is read.
+    """
     function = run.function
     now = row_signatures(function, batch)
-    stored = batch.column(function.sig_column)
-    stale = pc.fill_null(pc.not_equal(stored, now), True).to_numpy(zero_copy_only=False)
-    stale_idx = np.flatnonzero(stale)
-    old = [batch.column(name) for name in function.columns]
+    if new:
+        stale_idx = np.arange(batch.num_rows)
+        old: list[pa.Array] = []
+    else:
+        stored = batch.column(function.sig_column)
+        stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, now), True).to_numpy(zero_copy_only=False))
+        old = [batch.column(name) for name in function.columns]
     errors: list[RowError] = []
-    if len(stale_idx) == len(stale):
-        values, errors = run.compute(batch.select(list(function.inputs)), addresses.tolist())
+    if len(stale_idx) == batch.num_rows:
+        values, errors = run.compute(batch.select(list(function.inputs)), addresses)
         merged = [values] if len(function.columns) == 1 else values.flatten()
     elif len(stale_idx):
         values, errors = run.compute(batch.select(list(function.inputs)).take(pa.array(stale_idx)),
-                                     addresses[stale_idx].tolist())
+                                     addresses[stale_idx])
         new = [values] if len(function.columns) == 1 else values.flatten()
         selector = np.arange(batch.num_rows)
         selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
@@ -167,7 +175,8 @@ def _refresh_fragment(run: _Run, item: FragmentWork) -> lance.LanceOperation.Dat
     pending: list[pa.RecordBatch] = []
     pending_errors: list[RowError] = []
     pending_start, last_checkpoint = 0, time.monotonic()
-    scanner = fragment.scanner(columns=run.scan_columns, batch_size=run.function.batch_size,
+    new = item.reason == "new"
+    scanner = fragment.scanner(columns=run.new_scan if new else run.stale_scan, batch_size=run.function.batch_size,
                                with_row_address=True, strict_batch_size=True)
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
@@ -189,7 +198,7 @@ def _refresh_fragment(run: _Run, item: FragmentWork) -> lance.LanceOperation.Dat
             next_offset = pending_start = skip_until
             run.advance(batch.num_rows, 0, errors)
             continue
-        out, errors, computed = _outputs(run, batch, addresses)
+        out, errors, computed = _outputs(run, batch, addresses, new)
         aligned = align_to_physical(out, offsets, start, run.out_schema)
         writer.write(aligned)
         next_offset = end

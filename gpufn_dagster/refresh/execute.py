@@ -8,7 +8,7 @@ retried row by row (as one-row batches) to pin the failure on the rows that caus
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +48,12 @@ def _call_batch(call: Callable[..., Any], function: Function, inputs: pa.RecordB
 
 
 def call_function(
-    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: list[int]
+    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int]
 ) -> tuple[pa.Array, list[RowError]]:
-    """Values for each input row, and the rows that failed (only under on_error='skip')."""
+    """Values for each input row, and the rows that failed (only under on_error='skip').
+
+    `row_addresses` (a numpy array is fine) is only read when a row fails.
+    """
     if function.call_style is not CallStyle.ROW:
         try:
             return _call_batch(call, function, inputs), []
@@ -59,7 +62,7 @@ def call_function(
                 raise FunctionFailed(f"Function {function.name!r} failed on a batch of {inputs.num_rows} rows: {err!r}") from err
             if inputs.num_rows == 1:
                 return pa.nulls(1, function.output_type), [
-                    RowError(row_addresses[0], repr(err), traceback.format_exc())]
+                    RowError(int(row_addresses[0]), repr(err), traceback.format_exc())]
         values: list[pa.Array] = []
         errors: list[RowError] = []
         for i in range(inputs.num_rows):
@@ -77,7 +80,7 @@ def call_function(
         except Exception as err:
             if function.on_error == "fail":
                 raise FunctionFailed(
-                    f"Function {function.name!r} failed on row address {row_addresses[i]}: {err!r}") from err
+                    f"Function {function.name!r} failed on row address {int(row_addresses[i])}: {err!r}") from err
             out.append(None)
-            errors.append(RowError(row_addresses[i], repr(err), traceback.format_exc()))
+            errors.append(RowError(int(row_addresses[i]), repr(err), traceback.format_exc()))
     return _to_array(out, function.output_type, inputs.num_rows), errors
