@@ -68,7 +68,9 @@ def devcluster(nodes_per_class: int, cpu_nodes: int, directory: str | None) -> N
         click.echo(f"control plane up in {cluster.started_seconds:.1f}s with {len(nodes)} nodes")
         click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
         click.echo("Ctrl-C stops it and removes everything.")
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # sigwait only takes blocked signals
+        signal.sigwait(stop)
 
 
 @main.command()

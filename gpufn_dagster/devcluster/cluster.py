@@ -192,14 +192,15 @@ class DevCluster:
         self.kubeconfig.write_text(yaml.safe_dump(config))
 
     def stop(self) -> None:
-        """Stop every component (reverse order), SIGKILL what does not exit in 10 s, remove the workdir."""
+        """Stop every component (reverse order), SIGKILL what has not exited after 10 s, remove the workdir."""
         for name in reversed(list(self.processes)):
             process = self.processes[name]
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
         for process in self.processes.values():
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
