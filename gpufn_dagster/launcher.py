@@ -47,6 +47,11 @@ from .placement import Placement, PlacementError, enforce_placement, gpu_request
 from .tags import gpu_tags
 
 PLACEMENT_TAG = "gpufn/placement"
+# The config key the launcher and the local run coordinator add to their dagster.yaml schema.
+CLASSES_DIR_CONFIG = {
+    "classes_dir": Field(Noneable(StringSource), is_required=False, default_value=None,
+                         description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
+}
 _SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
              "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
 
@@ -118,10 +123,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
 
     @classmethod
     def config_type(cls):
-        return merge_dicts(K8sRunLauncher.config_type(), {
-            "classes_dir": Field(Noneable(StringSource), is_required=False, default_value=None,
-                                 description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
-        })
+        return merge_dicts(K8sRunLauncher.config_type(), CLASSES_DIR_CONFIG)
 
     @property
     def classes_dir(self) -> str | None:

@@ -19,10 +19,11 @@ the Function then sees as CUDA_VISIBLE_DEVICES.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
-from dagster import DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
+from dagster import DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
@@ -30,7 +31,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 
 from .classes import cached_gpu_classes
-from .launcher import run_step_tags
+from .launcher import CLASSES_DIR_CONFIG, run_step_tags
 from .placement import gpu_requests, resolve_placement
 from .tags import CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, gpu_tags, tag_value
 
@@ -48,10 +49,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
 
     @classmethod
     def config_type(cls):
-        return merge_dicts(QueuedRunCoordinator.config_type(), {
-            "classes_dir": Field(Noneable(StringSource), is_required=False, default_value=None,
-                                 description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
-        })
+        return merge_dicts(QueuedRunCoordinator.config_type(), CLASSES_DIR_CONFIG)
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):
@@ -101,11 +99,10 @@ class LocalGpuRunLauncher(DefaultRunLauncher):
         run = context.dagster_run
         name = run.tags.get(GPU_CLASS_TAG)
         if name:
-            classes = cached_gpu_classes(None)
+            # The queue already limits the class to its slots: take the lowest slot no running run holds.
             others = self._instance.get_runs(RunsFilter(statuses=_ACTIVE, tags={GPU_CLASS_TAG: name}))
             used = {r.tags.get(LOCAL_SLOT_TAG) for r in others if r.run_id != run.run_id}
-            slots = classes[name].local.slots if name in classes else 1
-            slot = next((str(i) for i in range(max(slots, 1)) if str(i) not in used), "0")
+            slot = next(str(i) for i in itertools.count() if str(i) not in used)
             tags = {LOCAL_SLOT_TAG: slot, CAPACITY_TAG: "running", CAPACITY_REASON_TAG: "slot-acquired"}
             self._instance.add_run_tags(run.run_id, tags)
             if run.tags.get(CAPACITY_TAG) == "waiting":
