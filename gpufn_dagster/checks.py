@@ -1,8 +1,11 @@
 """Asset checks on Function columns, shown in the UI next to each materialization.
 
-- unfilled rows: rows the Function has not computed (no signature yet) -- after a refresh this is
-  the number of rows appended since; it should be zero right after one.
-- failed rows: rows that failed in the latest refresh (under on_error="skip"), against a threshold.
+Both read the table as it is now, so they hold across runs:
+
+- unfilled rows: rows without a value -- never computed (appended since the last refresh) or
+  failed in their last attempt (under on_error="skip"; the next refresh retries them). It should
+  be zero right after a refresh in which nothing failed.
+- failed rows: rows whose last computation failed, as a fraction of the table, against a threshold.
 """
 
 
@@ -11,38 +14,56 @@ from collections.abc import Sequence
 import dagster as dg
 
 from .assets import function_of
+from .refresh.signature import FAILED
 from .resources import LanceDBResource
 
 
 def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 0.0) -> Sequence[dg.AssetChecksDefinition]:
-    """The two checks of a Function asset made by `gpu_function`."""
+    """The two checks of a Function asset made by `gpu_function`.
+
+    Args:
+        asset: the Function asset.
+        max_failed_fraction: the largest fraction of the table's rows that may be failed for
+            `failed_rows_below_threshold` to pass (0: none).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from gpufn_dagster import gpu_function
+        >>> @gpu_function(table="docs", column="n_chars", on_error="skip")
+        ... def n_chars(text: str) -> int:
+        ...     return len(text)
+        >>> [c.check_key.name for c in function_checks(n_chars, max_failed_fraction=0.01)]
+        ['no_unfilled_rows', 'failed_rows_below_threshold']
+    """
     function = function_of(asset)
     if function is None:
         raise ValueError(f"{asset.key.to_user_string()} is not a gpu_function asset")
+    sig = f"`{function.sig_column}`"
 
     @dg.asset_check(asset=asset.key, name="no_unfilled_rows", blocking=False,
-                    description="Every row has been computed by the current refresh (none appended since).")
+                    description="Every row has a value: none appended since the last refresh, none failed.")
     def _unfilled(lancedb: LanceDBResource) -> dg.AssetCheckResult:
         table = lancedb.connect().open_table(function.table)
         if function.sig_column not in table.schema.names:
             return dg.AssetCheckResult(passed=False, metadata={"unfilled_rows": table.count_rows()},
                                        description="the column has never been refreshed")
-        unfilled = table.count_rows(f"{function.sig_column} IS NULL")
-        return dg.AssetCheckResult(passed=unfilled == 0, severity=dg.AssetCheckSeverity.WARN,
-                                   metadata={"unfilled_rows": unfilled, "rows": table.count_rows()})
+        never = table.count_rows(f"{sig} IS NULL")
+        failed = table.count_rows(f"{sig} = {FAILED}")
+        return dg.AssetCheckResult(passed=never + failed == 0, severity=dg.AssetCheckSeverity.WARN,
+                                   metadata={"unfilled_rows": never + failed, "never_computed_rows": never,
+                                             "failed_rows": failed, "rows": table.count_rows()})
 
     @dg.asset_check(asset=asset.key, name="failed_rows_below_threshold", blocking=False,
-                    description=f"At most {max_failed_fraction:.2%} of the rows checked by the latest refresh failed.")
-    def _failed(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        event = context.instance.get_latest_materialization_event(asset.key)
-        if event is None or event.asset_materialization is None:
+                    description=f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt.")
+    def _failed(lancedb: LanceDBResource) -> dg.AssetCheckResult:
+        table = lancedb.connect().open_table(function.table)
+        if function.sig_column not in table.schema.names:
             return dg.AssetCheckResult(passed=True, description="not refreshed yet")
-        metadata = event.asset_materialization.metadata
-        failed = int(metadata["rows_failed"].value) if "rows_failed" in metadata else 0
-        checked = int(metadata["rows_checked"].value) if "rows_checked" in metadata else 0
-        fraction = failed / checked if checked else 0.0
+        rows = table.count_rows()
+        failed = table.count_rows(f"{sig} = {FAILED}")
+        fraction = failed / rows if rows else 0.0
         return dg.AssetCheckResult(passed=fraction <= max_failed_fraction,
-                                   metadata={"rows_failed": failed, "rows_checked": checked,
+                                   metadata={"failed_rows": failed, "rows": rows,
                                              "failed_fraction": dg.FloatMetadataValue(round(fraction, 6)),
                                              "threshold": dg.FloatMetadataValue(max_failed_fraction)})
 

@@ -85,6 +85,9 @@ class FunctionColumn(dg.Component, dg.Model, dg.Resolvable):
     name: str | None = None
     source_asset: str | None = None
     group_name: str | None = None
+    description: str | None = None
+    version: str | None = None
+    checkpoint_seconds: float = 10.0
     checks: bool = False
     max_failed_fraction: float = 0.0
 
@@ -103,7 +106,8 @@ class FunctionColumn(dg.Component, dg.Model, dg.Resolvable):
                 table=self.table, column=self.column, output_type=output_type, inputs=self.inputs, gpu=self.gpu,
                 gpu_class=self.gpu_class, gpu_count=self.gpu_count, batch_size=self.batch_size,
                 on_error=self.on_error, init=self.init, name=self.name, source_asset=self.source_asset,
-                group_name=self.group_name,
+                group_name=self.group_name, description=self.description, version=self.version,
+                checkpoint_seconds=self.checkpoint_seconds,
             )(target)
         except FunctionDefinitionError as err:
             raise ComponentError(f"{where}: {err}") from None

@@ -1,9 +1,14 @@
-"""Building a code location's Definitions: validation that needs the database, and the resource.
+"""Building a code location's Definitions: chained Functions, validation that needs the database,
+and the resource.
 
 Class problems (unknown class, too many GPUs) are caught by `gpu_function` itself; what needs the
 database -- that a Function's table exists or is produced by an asset of these definitions, and
-has the Function's input columns -- is checked here, so a typo fails `dagster dev` at load rather
-than the first run.
+has the Function's input columns of a type that can be signed -- is checked here, so a typo fails
+`dagster dev` at load rather than the first run.
+
+A Function reading another Function's output column (same table) depends on that Function's
+asset: the lineage graph shows it, Materialize all runs them in order, and the column need not
+exist before either has run.
 """
 
 from __future__ import annotations
@@ -15,15 +20,54 @@ import dagster as dg
 import lancedb
 
 from .assets import DECLARED_IN, function_of
-from .functions import FunctionDefinitionError
+from .functions import Function, FunctionDefinitionError
+from .refresh.signature import unsupported_reason
 from .resources import LanceDBResource, default_db_uri
 
 
+def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
+    return {asset.key: f for asset in assets
+            if isinstance(asset, dg.AssetsDefinition) and (f := function_of(asset)) is not None}
+
+
+def upstream_functions(function: Function, functions: Sequence[Function]) -> list[Function]:
+    """The other Functions whose output columns this Function reads (on the same table).
+
+    >>> from gpufn_dagster.functions import make_function
+    >>> def embed(text: str) -> float: return 0.0
+    >>> def score(embedding: float) -> float: return embedding
+    >>> a = make_function(embed, table="docs", column="embedding")
+    >>> b = make_function(score, table="docs", column="score")
+    >>> [f.name for f in upstream_functions(b, [a, b])], upstream_functions(a, [a, b])
+    (['docs__embedding'], [])
+    """
+    return [other for other in functions if other is not function and other.table == function.table
+            and set(other.columns) & set(function.inputs)]
+
+
+def chain_functions(assets: Sequence[Any]) -> list[Any]:
+    """The assets, each Function asset depending also on the Function assets whose columns it reads."""
+    functions = _functions(assets)
+    key_of = {id(f): key for key, f in functions.items()}
+    out = []
+    for asset in assets:
+        function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
+        upstream = [dg.AssetKey(key_of[id(u)].path) for u in upstream_functions(function, list(functions.values()))
+                    ] if function else []
+        if upstream:
+            asset = asset.map_asset_specs(lambda spec, up=upstream: spec.replace_attributes(
+                deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})]))
+        out.append(asset)
+    return out
+
+
 def check_tables(assets: Sequence[Any], db_uri: str) -> None:
-    """Every Function's table exists (or an asset here produces it) and has the Function's inputs."""
+    """Every Function's table exists (or an asset here produces it) and has the Function's inputs
+    (or another Function here computes them), each of a type that can be an input."""
     db = lancedb.connect(db_uri)
     existing = set(db.list_tables().tables)
     keys = {key for asset in assets if isinstance(asset, dg.AssetsDefinition) for key in asset.keys}
+    functions = list(_functions(assets).values())
     problems = []
     for asset in assets:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
@@ -36,11 +80,18 @@ def check_tables(assets: Sequence[Any], db_uri: str) -> None:
                                 f"exist in {db_uri} and no asset here produces it; tables: "
                                 f"{', '.join(sorted(existing)) or '(none)'}")
             continue
-        columns = [n for n in db.open_table(function.table).schema.names if not n.startswith("_gpufn")]
-        missing = [c for c in function.inputs if c not in columns]
+        schema = db.open_table(function.table).schema
+        columns = [n for n in schema.names if not n.startswith("_gpufn")]
+        computed = {c for u in upstream_functions(function, functions) for c in u.columns}
+        missing = [c for c in function.inputs if c not in columns and c not in computed]
         if missing:
             problems.append(f"{where}Function {function.name!r}: field 'inputs': table {function.table!r} has no column "
                             f"{', '.join(map(repr, missing))}; it has {', '.join(columns)}")
+        for name in function.inputs:
+            if name in columns and (reason := unsupported_reason(schema.field(name).type)):
+                problems.append(f"{where}Function {function.name!r}: field 'inputs': column {name!r} of table "
+                                f"{function.table!r} has type {schema.field(name).type}, which cannot be an input "
+                                f"({reason})")
     if problems:
         raise FunctionDefinitionError("\n".join(problems))
 
@@ -59,7 +110,7 @@ def build_definitions(
     uri = db_uri or default_db_uri()
     check_tables(assets, uri)
     return dg.Definitions(
-        assets=list(assets),
+        assets=chain_functions(assets),
         asset_checks=list(asset_checks),
         schedules=list(schedules),
         sensors=list(sensors),

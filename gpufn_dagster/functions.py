@@ -22,8 +22,13 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from .classes import DEFAULT_CLASS
+from .code_version import code_digest
 
 ErrorPolicy = Literal["fail", "skip"]
+# Part of every Function version: bumped when what the engine stores per row changes (the
+# signature scheme), so each column is recomputed once after such an upgrade, never compared
+# across schemes.
+STORAGE_FORMAT = 2
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PY_TO_ARROW: dict[Any, pa.DataType] = {
     int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
@@ -67,21 +72,10 @@ def _arrow_type_from_name(name: str) -> pa.DataType | None:
         return None
 
 
-def _unwrap(target: Any) -> tuple[Any, str | None]:
-    """The original callable behind a `lancedb.udf` definition, and its source digest if any."""
-    request = getattr(target, "registration_request", None)
+def _unwrap(target: Any) -> Any:
+    """The original callable behind a `lancedb.udf` definition (or the target itself)."""
     original = getattr(target, "_function", None)
-    if request is not None and original is not None:
-        return original, request.artifact.digest
-    return target, None
-
-
-def _source_digest(target: Any) -> str:
-    try:
-        source = inspect.getsource(target)
-    except (OSError, TypeError):
-        source = getattr(target, "__qualname__", repr(target))
-    return "sha256:" + hashlib.sha256(source.encode()).hexdigest()
+    return original if getattr(target, "registration_request", None) is not None and original is not None else target
 
 
 @dataclass(frozen=True)
@@ -147,6 +141,55 @@ def _hints(target: Any, is_class: bool) -> dict[str, Any]:
         return {}
 
 
+def _init_signature(cls: type) -> inspect.Signature:
+    sig = inspect.signature(cls.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
+def _check_parameters(label: str, sig: inspect.Signature, names: list[str], field_name: str = "inputs") -> None:
+    """The callable is called with exactly these keyword arguments: each must be a parameter it
+    takes, and each parameter it requires must be among them."""
+    params = sig.parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = {n: p for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for name in names:
+        if name not in named and not takes_any:
+            raise FunctionDefinitionError(
+                f"{label}: field '{field_name}': {name!r} is not a parameter of the callable, which takes "
+                f"{', '.join(named) or 'no keyword parameters'}; rename the parameter or set {field_name}=[...] "
+                "to match")
+    for name, param in params.items():
+        if param.kind is param.POSITIONAL_ONLY or (
+                name not in names and param.default is param.empty
+                and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)):
+            raise FunctionDefinitionError(
+                f"{label}: parameter {name!r}: the callable requires it, but {field_name} "
+                f"{names} does not supply it (every parameter is passed by name)")
+
+
+def _inferred_output_type(label: str, target: Any, style: CallStyle, annotation: Any) -> pa.DataType:
+    """The column type from a lancedb.udf signature or a row Function's return annotation.
+
+    A batch Function's return annotation describes the whole batch, not one value, so its
+    column type must be given (output_type=, or Annotated[..., pa.<type>]).
+    """
+    output_type = None
+    request = getattr(target, "registration_request", None)
+    if request is not None and request.signature.output.arrow_type:
+        output_type = _arrow_type_from_name(request.signature.output.arrow_type)
+    if output_type is None:
+        if style is CallStyle.ROW or typing.get_origin(annotation) is typing.Annotated:
+            output_type = _annotation_to_arrow(annotation)
+        else:
+            raise FunctionDefinitionError(
+                f"{label}: field 'output_type': a batch Function (pyarrow parameters) must declare the Arrow type "
+                "of one value it returns, e.g. output_type=pa.float32(); its return annotation describes the batch")
+    if output_type is None:
+        raise FunctionDefinitionError(
+            f"{label}: field 'output_type': cannot infer the Arrow type from the return annotation; pass output_type=")
+    return output_type
+
+
 def make_function(
     target: Any,
     *,
@@ -168,7 +211,7 @@ def make_function(
     checkpoint_seconds: float = 10.0,
 ) -> Function:
     """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec."""
-    original, udf_digest = _unwrap(target)
+    original = _unwrap(target)
     is_class = inspect.isclass(original)
     label = f"Function {name or getattr(original, '__name__', '?')!r}"
     columns = (column,) if isinstance(column, str) else tuple(column)
@@ -198,17 +241,11 @@ def make_function(
         inputs = [p.name for p in params]
     if not inputs:
         raise FunctionDefinitionError(f"{label}: field 'inputs': the Function reads no column")
+    if style is not CallStyle.RECORD_BATCH:
+        _check_parameters(label, sig, list(inputs))
 
     if output_type is None:
-        request = getattr(target, "registration_request", None)
-        if request is not None and request.signature.output.arrow_type:
-            output_type = _arrow_type_from_name(request.signature.output.arrow_type)
-        if output_type is None:
-            output_type = _annotation_to_arrow(hints.get("return", sig.return_annotation))
-    if output_type is None:
-        raise FunctionDefinitionError(
-            f"{label}: field 'output_type': cannot infer the Arrow type from the return annotation; pass output_type="
-        )
+        output_type = _inferred_output_type(label, target, style, hints.get("return", sig.return_annotation))
     if len(columns) > 1 and (not pa.types.is_struct(output_type) or output_type.num_fields != len(columns)):
         raise FunctionDefinitionError(
             f"{label}: field 'column': {len(columns)} columns need a struct output with {len(columns)} fields, "
@@ -218,11 +255,14 @@ def make_function(
         request = getattr(target, "registration_request", None)
         gpu = bool(request.runtime.gpu) if request is not None else gpu_class is not None
     init = dict(init or {})
-    # Version: the code (lancedb's artifact digest when it has one) plus every option that changes
-    # values. Changing any of them makes every row stale.
+    if is_class:
+        _check_parameters(label, _init_signature(original), list(init), field_name="init")
+    # Version: the code (or the version the user pins) plus every option that changes values;
+    # changing any of them makes every row stale. The error policy does not change a computed
+    # value, so switching it recomputes nothing.
     payload = json.dumps(
-        {"code": udf_digest or _source_digest(original), "inputs": list(inputs), "columns": list(columns),
-         "type": str(output_type), "init": init, "on_error": on_error},
+        {"code": f"pinned:{version}" if version is not None else code_digest(original), "inputs": list(inputs),
+         "columns": list(columns), "type": str(output_type), "init": init, "format": STORAGE_FORMAT},
         sort_keys=True, default=repr,
     )
     return Function(
@@ -240,8 +280,7 @@ def make_function(
         gpu_count=gpu_count if gpu else 0,
         batch_size=batch_size,
         on_error=on_error,
-        # A user-given version (e.g. a release name) is hashed too: the engine needs 16 hex digits.
-        version=hashlib.sha256((version or payload).encode()).hexdigest()[:16],
+        version=hashlib.sha256(payload.encode()).hexdigest()[:16],
         source_asset=source_asset or table,
         description=description or inspect.getdoc(original),
         group_name=group_name,

@@ -43,7 +43,8 @@ from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
 from .classes import GpuClassError, cached_gpu_classes
-from .placement import Placement, PlacementError, enforce_placement, gpu_requests, resolve_placement
+from .placement import (Placement, PlacementError, check_no_extra_gpus, enforce_placement, gpu_requests,
+                        resolve_placement)
 from .tags import gpu_tags
 
 PLACEMENT_TAG = "gpufn/placement"
@@ -57,7 +58,30 @@ _SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config"
 
 
 class KubernetesUnavailable(Exception):
-    """The Kubernetes API did not accept the run worker's Job (down, unreachable, or refusing)."""
+    """The Kubernetes API did not answer when creating a GPU run's worker Job (down or unreachable)."""
+
+
+class KubernetesRejected(Exception):
+    """The Kubernetes API answered, and refused a GPU run's worker Job (4xx): re-executing will not help."""
+
+
+# What a status code from the API server means for the person whose run failed.
+_STATUS_MEANING = {
+    400: "the API server refused the Job as malformed",
+    401: "the launcher's credentials were not accepted",
+    403: "the launcher's service account may not create Jobs in this namespace",
+    404: "the namespace does not exist",
+    409: "a Job with this run's name already exists (this run was launched before)",
+    422: "the API server refused a field of the Job",
+}
+
+
+def _api_status(err: BaseException) -> int | None:
+    """The HTTP status behind dagster-k8s's wrapped API errors, None when no answer came."""
+    for candidate in (err, getattr(err, "k8s_api_exception", None), err.__cause__, err.__context__):
+        if isinstance(candidate, kubernetes.client.ApiException) and candidate.status:
+            return int(candidate.status)
+    return None
 
 
 class GpuPlacementRejected(Exception):
@@ -116,10 +140,10 @@ def placement_for_run(instance, run: DagsterRun, classes_dir: str | None) -> Pla
 class GpuK8sRunLauncher(K8sRunLauncher):
     """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits."""
 
-    def __init__(self, classes_dir: str | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, classes_dir: str | None = None, **kwargs: Any):
         self._classes_dir = classes_dir
         self._placements: dict[str, Placement | None] = {}  # run id -> placement, resolved once per launch
-        super().__init__(**kwargs)
+        super().__init__(*args, **kwargs)
 
     @classmethod
     def config_type(cls):
@@ -134,14 +158,28 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             return self._placements[run.run_id]
         return placement_for_run(self._instance, run, self._classes_dir)
 
+    def _api_host(self) -> str:
+        return self._api_client.batch_api.api_client.configuration.host
+
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
+        requests = gpu_requests(run_step_tags(self._instance, run))
         try:
             placement = self._placements[run.run_id] = self.placement(run)
+            if requests:
+                # Sidecars and init containers are outside the class's enforcement of the main
+                # container: they may not ask for GPUs at all.
+                config = super().get_container_context_for_run(run).run_k8s_config
+                check_no_extra_gpus(config.pod_spec_config or {}, placement)
         except (PlacementError, GpuClassError) as err:
+            self._placements.pop(run.run_id, None)
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "rejected"})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
-        if placement is None and uses_step_pods(self._instance, run) and gpu_requests(run_step_tags(self._instance, run)):
+        if not requests:
+            self._placements.pop(run.run_id, None)
+            super().launch_run(context)  # a CPU run: exactly K8sRunLauncher, its errors included
+            return
+        if placement is None and uses_step_pods(self._instance, run):
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: "per-step"})
             self._instance.report_engine_event(
                 "GPU placement per step: the run worker is a CPU pod; k8s_job_executor places each GPU step's pod "
@@ -167,13 +205,24 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             super().launch_run(context)
         except (DagsterK8sError, DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError,
                 urllib3.exceptions.HTTPError, kubernetes.client.ApiException) as err:
-            host = kubernetes.client.Configuration.get_default_copy().host
-            raise KubernetesUnavailable(
-                f"could not create the run worker Job in namespace {self.job_namespace!r}: the Kubernetes API at "
-                f"{host} failed ({type(err).__name__}: {str(err).splitlines()[0][:300]}). Nothing was created; "
-                "re-execute the run once the API answers.") from err
+            raise self._launch_error(err) from err
         finally:
             self._placements.pop(run.run_id, None)
+
+    def _launch_error(self, err: BaseException) -> Exception:
+        """Say what a failed Job creation means: an API that did not answer, or one that refused."""
+        detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+        where = f"the Kubernetes API at {self._api_host()} (namespace {self.job_namespace!r})"
+        status = _api_status(err)
+        if status is not None and 400 <= status < 500:
+            meaning = _STATUS_MEANING.get(status, "the API server refused the request")
+            return KubernetesRejected(
+                f"could not create the GPU run worker Job: {where} answered {status}: {meaning} ({detail}). "
+                "Re-executing the run will not help until that is fixed.")
+        answered = f"answered {status}" if status is not None else "did not answer"
+        return KubernetesUnavailable(
+            f"could not create the GPU run worker Job: {where} {answered} ({detail}). No Job was created; "
+            "re-execute the run once the API answers.")
 
     def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
         context = super().get_container_context_for_run(dagster_run)

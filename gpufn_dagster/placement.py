@@ -114,6 +114,45 @@ def _is_gpu_resource(name: str) -> bool:
     return any(hint in name for hint in _GPU_RESOURCE_HINTS)
 
 
+def _container_gpus(container: Mapping[str, Any], gpu_resource: str | None) -> dict[str, str]:
+    resources = container.get("resources") or {}
+    asked: dict[str, str] = {}
+    for kind in ("limits", "requests"):
+        for name, value in (resources.get(kind) or {}).items():
+            if name == gpu_resource or _is_gpu_resource(name):
+                asked[name] = str(value)
+    return asked
+
+
+def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: Placement | None) -> None:
+    """Refuse sidecars and init containers that ask for a GPU resource.
+
+    The class bounds the GPUs of the whole pod; only the run worker's own container gets them,
+    from the placement. Without this, a `dagster-k8s/config` run tag could add containers that
+    each ask for GPUs and so multiply the pod's request past the class's limit.
+
+    >>> check_no_extra_gpus({"containers": [{"name": "log", "resources": {"limits": {"cpu": "1"}}}]}, None)
+    >>> check_no_extra_gpus({"init_containers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": 8}}}]},
+    ...                     None)
+    Traceback (most recent call last):
+    ...
+    gpufn_dagster.placement.PlacementError: init container 'warm' asks for nvidia.com/gpu=8; ...
+    """
+    gpu_resource = placement.gpu_class.resource_name if placement else None
+    for key, kind in (("containers", "container"), ("init_containers", "init container"),
+                      ("initContainers", "init container")):
+        for container in pod_spec_config.get(key) or []:
+            asked = _container_gpus(container, gpu_resource)
+            if asked:
+                bound = (f"class {placement.gpu_class.name!r} gives the run worker {placement.gpu_count} x "
+                         f"{gpu_resource} and no other container of the pod may ask for GPUs" if placement else
+                         "each GPU step's pod gets its GPUs from its class; no other container may ask for GPUs")
+                raise PlacementError(
+                    f"{kind} {container.get('name', '?')!r} asks for "
+                    f"{', '.join(f'{k}={v}' for k, v in sorted(asked.items()))}; {bound} (remove the GPU resources "
+                    "from that container in the dagster-k8s/config tag)")
+
+
 def enforce_placement(config: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
     """Make a merged dagster-k8s config obey the class, whatever the layers below it said."""
     out = copy.deepcopy(dict(config))

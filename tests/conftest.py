@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,7 +16,54 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "classes"
+BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
 os.environ["GPUFN_CLASSES_DIR"] = str(CLASSES)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or find built) the control plane before any test runs, when a `k8s` test is selected.
+
+    A cold build takes minutes (half an hour on a busy 2-core machine); done here it is outside
+    every per-test timeout, and its progress is printed as it goes.
+    """
+    from gpufn_dagster.devcluster.cluster import BIN_DIR_ENV
+
+    if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter else print
+    say(f"control plane: running {BUILD_SCRIPT.relative_to(REPO)} (a no-op when its cache is warm)")
+    started = time.monotonic()
+    process = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(60):
+            say(f"control plane: still building after {time.monotonic() - started:.0f} s")
+
+    threading.Thread(target=heartbeat, daemon=True).start()
+    for line in process.stdout:
+        lines.append(line.rstrip())
+        if not line.startswith("go: downloading"):
+            say(f"control plane: {line.rstrip()}")
+    done.set()
+    if process.wait() != 0:
+        pytest.exit(f"{BUILD_SCRIPT} failed ({process.returncode}) after {time.monotonic() - started:.0f} s:\n"
+                    + "\n".join(lines[-40:]), returncode=1)
+    os.environ[BIN_DIR_ENV] = lines[-1]
+    say(f"control plane: binaries in {lines[-1]} ({time.monotonic() - started:.0f} s)")
+
+
+@pytest.fixture(autouse=True)
+def _no_defs_state_storage_left_behind() -> Iterator[None]:
+    """A test that leaves a Dagster instance unclosed leaves its defs-state storage as the current
+    one (a context variable), and the next test that loads components finds it dead ("undefined
+    DagsterInstance weakref"); reset it so tests do not depend on their order."""
+    yield
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
 
 
 @pytest.fixture

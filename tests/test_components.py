@@ -89,7 +89,8 @@ def load_with(tmp_path, monkeypatch, db_uri, **changes):
     folder.mkdir(parents=True)
     (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / package / "defs" / "__init__.py").write_text("")
-    (tmp_path / package / "udfs.py").write_text("def upper(text: str) -> str:\n    return text.upper()\n")
+    (tmp_path / package / "udfs.py").write_text("def upper(text: str) -> str:\n    return text.upper()\n\n\n"
+                                                "def upper_body(body: str) -> str:\n    return body.upper()\n")
     package_attrs["function"] = package_attrs["function"].replace("PKG", package)
     (folder / "defs.yaml").write_text(yaml.safe_dump({"type": "gpufn_dagster.components.FunctionColumn",
                                                       "attributes": package_attrs}))
@@ -114,7 +115,8 @@ def chain(error: BaseException) -> str:
     ({"function": "PKG.udfs:nope"}, "function", "cannot import"),
     ({"function": "no_such_module:upper"}, "function", "cannot import"),
     ({"table": "nothing"}, "table", "table 'nothing' does not exist"),
-    ({"inputs": ["body"]}, "inputs", "table 'docs' has no column 'body'; it has id, text"),
+    ({"function": "PKG.udfs:upper_body"}, "inputs", "table 'docs' has no column 'body'; it has id, text"),
+    ({"inputs": ["id"]}, "inputs", "'id' is not a parameter of the callable, which takes text"),
     ({"output_type": "list<float99>"}, "output_type", "is not an Arrow type"),
 ])
 def test_bad_yaml_names_file_and_field(tmp_path, monkeypatch, docs_table, changes, field, words):
@@ -129,3 +131,13 @@ def test_unknown_yaml_field_is_rejected_with_its_location(tmp_path, monkeypatch,
         load_with(tmp_path, monkeypatch, docs_table, colour="blue")
     message = chain(err.value)
     assert "defs.yaml" in message and "colour" in message
+
+
+def test_yaml_pins_the_function_version(tmp_path, monkeypatch, docs_table):
+    from gpufn_dagster import function_of, make_function
+
+    defs, _ = load_with(tmp_path, monkeypatch, docs_table, version="release-7", description="Loud text.")
+    (asset,) = [a for a in defs.assets if a.key.to_user_string() == "docs__loud"]
+    function = function_of(asset)
+    expected = make_function(function.target, table="docs", column="loud", version="release-7")
+    assert function.version == expected.version and function.description == "Loud text."

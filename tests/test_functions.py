@@ -156,3 +156,45 @@ def test_uninferable_output_type_asks_for_one():
 
     with pytest.raises(FunctionDefinitionError, match="field 'output_type'"):
         gpu_function(table="items", column="z")(untyped)
+
+
+def test_inputs_that_do_not_match_the_parameters_fail_at_load_naming_the_parameter():
+    def two(text: str, price: float) -> str:
+        return text
+
+    with pytest.raises(FunctionDefinitionError, match=r"Function 'two': field 'inputs': 'colour' is not a parameter "
+                                                      r"of the callable, which takes text, price"):
+        gpu_function(table="items", column="y", inputs=["text", "colour"])(two)
+    with pytest.raises(FunctionDefinitionError, match=r"Function 'two': parameter 'price': the callable requires it"):
+        gpu_function(table="items", column="y", inputs=["text"])(two)
+
+    def with_default(text: str, suffix: str = "!") -> str:
+        return text + suffix
+
+    assert function_of(gpu_function(table="items", column="y", inputs=["text"])(with_default)).inputs == ("text",)
+    with pytest.raises(FunctionDefinitionError, match=r"Function 'Tagger': parameter 'prefix'.*init"):
+        gpu_function(table="items", column="t", output_type=pa.string())(Tagger)
+
+
+def test_a_batch_function_must_name_its_value_type():
+    def lengths(text: pa.Array) -> list[int]:  # the annotation describes the batch, not one value
+        return [len(t) for t in text.to_pylist()]
+
+    with pytest.raises(FunctionDefinitionError, match=r"Function 'lengths': field 'output_type': a batch Function"):
+        gpu_function(table="items", column="n")(lengths)
+    assert function_of(gpu_function(table="items", column="n", output_type=pa.int64())(lengths)).call_style is (
+        CallStyle.ARRAYS)
+
+
+def test_switching_the_error_policy_recomputes_nothing(db_uri):
+    make_table(db_uri)
+    calls = []
+
+    def tracked(text: str) -> str:
+        calls.append(text)
+        return text
+
+    materialize(db_uri, gpu_function(table="items", column="t", on_error="fail")(tracked))
+    calls.clear()
+    result = materialize(db_uri, gpu_function(table="items", column="t", on_error="skip")(tracked))
+    assert result.success and calls == []

@@ -136,6 +136,29 @@ def test_run_tags_cannot_move_or_widen_a_gpu_run(cluster, namespace, instance):
     assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class"] == "a100-80gb"
 
 
+@pytest.mark.parametrize("section", ["containers", "init_containers"])
+def test_run_tags_cannot_add_gpus_through_other_containers(cluster, namespace, instance, section):
+    """The class bounds the GPUs of the whole pod: a sidecar or init container asking for GPUs is refused."""
+    user_config = {"pod_spec_config": {section: [
+        {"name": "greedy", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "3"}}},
+        {"name": "greedy2", "image": "busybox", "resources": {"requests": {"nvidia.com/gpu": "3"},
+                                                               "limits": {"nvidia.com/gpu": "3"}}}]}}
+    run_id = materialize(instance, "frames__emb_a100", tags={"dagster-k8s/config": json.dumps(user_config)})
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected"
+    text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+    kind = "init container" if section == "init_containers" else "container"
+    assert f"{kind} 'greedy' asks for nvidia.com/gpu=3; class 'a100-80gb' gives the run worker 2" in text
+    assert jobs(cluster, namespace) == []
+    # A sidecar that asks for no GPU is the user's to add.
+    fine = {"pod_spec_config": {section: [{"name": "log", "image": "busybox",
+                                            "resources": {"limits": {"cpu": "100m"}}}]}}
+    ok_id = materialize(instance, "frames__emb_a100", tags={"dagster-k8s/config": json.dumps(fine)})
+    pod, _node = job_pod(cluster, namespace, ok_id)
+    containers = pod.spec.init_containers if section == "init_containers" else pod.spec.containers[1:]
+    assert [c.name for c in containers] == ["log"]
+
+
 def test_cpu_run_job_is_exactly_k8s_run_launchers(cluster, namespace, instance, classes_dir):
     run_id = materialize(instance, "frames__words")
     pod, node = job_pod(cluster, namespace, run_id)
@@ -250,6 +273,39 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
         assert limits.get("nvidia.com/gpu") == gpus, step.key
 
 
+def _launch_error_text(instance, run_id: str) -> str:
+    return " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+
+
+def test_api_errors_keep_dagster_k8s_exceptions_for_cpu_runs_and_are_explained_for_gpu_runs(
+        cluster, classes_dir):
+    """A namespace that does not exist: the API answers 404. A CPU run fails as K8sRunLauncher's would;
+    a GPU run says the API answered and what 404 means, with the host of the launcher's own client."""
+    config = launcher_config(cluster, "no-such-namespace", classes_dir)
+    overrides = {"run_launcher": config,
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
+    host = cluster.api_client().configuration.host
+    with instance_for_test(overrides=overrides) as instance:
+        gpu_text = _launch_error_text(instance, materialize(instance, "frames__emb_l4"))
+        assert "KubernetesRejected" in gpu_text and "KubernetesUnavailable" not in gpu_text
+        assert f"the Kubernetes API at {host} (namespace 'no-such-namespace') answered 404: the namespace does not " \
+               "exist" in gpu_text
+        assert "Re-executing the run will not help" in gpu_text
+        cpu_text = _launch_error_text(instance, materialize(instance, "frames__words"))
+        assert "KubernetesUnavailable" not in cpu_text and "KubernetesRejected" not in cpu_text
+        assert "DagsterK8sUnrecoverableAPIError" in cpu_text or "ApiException" in cpu_text
+
+
+def test_the_launcher_takes_k8s_run_launchers_positional_arguments(cluster):
+    from gpufn_dagster.launcher import GpuK8sRunLauncher
+
+    launcher = GpuK8sRunLauncher("default", "dagster-instance", load_incluster_config=False,
+                                 kubeconfig_file=str(cluster.kubeconfig), dagster_home="/opt/dagster",
+                                 job_image="img", classes_dir="/opt/classes")
+    assert launcher._service_account_name == "default" and launcher.instance_config_map == "dagster-instance"
+    assert launcher.classes_dir == "/opt/classes"
+
+
 def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes_dir):
     """A kubeconfig whose API server does not answer: the run fails saying so, nothing half-made."""
     import socket
@@ -274,4 +330,5 @@ def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes
         run = instance.get_run_by_id(run_id)
         assert run.status.value == "FAILURE"
         text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
-        assert "KubernetesUnavailable" in text and f"the Kubernetes API at https://127.0.0.1:{port} failed" in text
+        assert "KubernetesUnavailable" in text and f"the Kubernetes API at https://127.0.0.1:{port}" in text
+        assert "did not answer" in text and "re-execute the run once the API answers" in text

@@ -136,15 +136,21 @@ def test_asset_checks_report_unfilled_and_failed_rows(db_uri):
     with instance_for_test() as instance:
         result = dg.materialize([asset, *checks], resources=defs.resources, instance=instance)
         outcomes = {e.check_name: e for e in result.get_asset_check_evaluations()}
-        assert outcomes["no_unfilled_rows"].passed
+        # The three failed rows have no value: they are unfilled, and failed.
+        assert not outcomes["no_unfilled_rows"].passed
+        assert outcomes["no_unfilled_rows"].metadata["failed_rows"].value == 3
         assert not outcomes["failed_rows_below_threshold"].passed  # d7, d17, d27 = 10 % > 5 %
-        assert outcomes["failed_rows_below_threshold"].metadata["rows_failed"].value == 3
+        assert outcomes["failed_rows_below_threshold"].metadata["failed_rows"].value == 3
 
         add_docs(db_uri, 30, 4)
         check_only = dg.materialize([asset, *checks], selection=dg.AssetSelection.checks(*checks),
                                     resources=defs.resources, instance=instance)
-        unfilled = {e.check_name: e for e in check_only.get_asset_check_evaluations()}["no_unfilled_rows"]
-        assert not unfilled.passed and unfilled.metadata["unfilled_rows"].value == 4
+        outcomes = {e.check_name: e for e in check_only.get_asset_check_evaluations()}
+        unfilled = outcomes["no_unfilled_rows"]
+        assert not unfilled.passed and unfilled.metadata["unfilled_rows"].value == 7
+        assert unfilled.metadata["never_computed_rows"].value == 4
+        # Failed rows are still counted by a later check: the table, not the last run, is the record.
+        assert outcomes["failed_rows_below_threshold"].metadata["failed_rows"].value == 3
 
 
 def test_unfilled_rows_sensor_waits_for_the_threshold(db_uri, upper_asset):

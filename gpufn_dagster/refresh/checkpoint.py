@@ -38,9 +38,10 @@ class CheckpointStore:
         os.replace(tmp, path)
 
     def save_chunk(self, work: FragmentWork, start: int, end: int, batches: list[pa.RecordBatch],
-                   errors: list[dict]) -> None:
-        """Durably record the output for physical rows [start, end) of the fragment."""
-        schema = batches[0].schema.with_metadata({"gpufn.errors": json.dumps(errors)})
+                   outcome: dict) -> None:
+        """Durably record the output for physical rows [start, end) of the fragment, and the
+        outcome of computing it (failed rows, retried rows that succeeded, rows changed)."""
+        schema = batches[0].schema.with_metadata({"gpufn.outcome": json.dumps(outcome)})
 
         def write(tmp: Path) -> None:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
@@ -58,12 +59,12 @@ class CheckpointStore:
         return found
 
     @staticmethod
-    def load_chunk(path: Path) -> tuple[list[pa.RecordBatch], list[dict]]:
+    def load_chunk(path: Path) -> tuple[list[pa.RecordBatch], dict]:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            errors = json.loads((reader.schema.metadata or {}).get(b"gpufn.errors", b"[]"))
-        return batches, errors
+            outcome = json.loads((reader.schema.metadata or {}).get(b"gpufn.outcome", b"{}"))
+        return batches, outcome
 
     def save_fragment(self, work: FragmentWork, record: dict) -> None:
         self._atomic_write(self._fragment_dir(work) / "done.json", lambda tmp: tmp.write_text(json.dumps(record)))

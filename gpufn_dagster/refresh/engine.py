@@ -7,6 +7,11 @@ touches the same fragment *and* field (or compacts it), so rows appended, update
 meanwhile are kept; appended rows are filled by the next refresh. One commit means readers never
 see a column half from one Function version and half from another.
 
+A fragment in which no row changes is not rewritten (a rewrite would drop its rows from the
+vector index). Rows that fail under on_error="skip" are stored with the signature `FAILED`, so
+the next refresh retries them. Refreshes of one column are serialized by a lease (`lease`), and
+a Function reading another Function's column refuses to start while that column is not current.
+
 Fragments are processed by a small thread pool (Lance scans and writes release the GIL); calls
 into the Function are serialized by a lock, because one worker's model is not assumed to be
 thread-safe.
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,11 @@ from ..functions import Function
 from .checkpoint import CheckpointStore
 from .columns import ensure_columns
 from .execute import RowError, call_function
-from .plan import FragmentWork, field_ids, plan_fragments
-from .signature import row_signatures, scan_expressions
+from .lease import DEFAULT_TTL, ColumnLease
+from .plan import FragmentWork, content_keys, field_ids, plan_fragments
+from .signature import FAILED, check_input_types, row_signatures, scan_expressions
+from .state import ColumnState, load_state, save_state
+from .upstream import check_upstream
 from .write import FragmentFileWriter, align_to_physical
 
 ADDRESS = "_rowaddr"
@@ -71,6 +80,31 @@ class Progress:
 
 
 @dataclass
+class Outcome:
+    """What computing some rows produced besides their values."""
+
+    errors: list[RowError] = field(default_factory=list)
+    recovered: list[int] = field(default_factory=list)  # addresses of rows that had failed and now succeeded
+    computed: int = 0
+    changed: int = 0  # rows whose stored value or signature differs from before
+
+    def add(self, other: Outcome) -> None:
+        self.errors.extend(other.errors)
+        self.recovered.extend(other.recovered)
+        self.computed += other.computed
+        self.changed += other.changed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"errors": [asdict(e) for e in self.errors], "recovered": self.recovered,
+                "computed": self.computed, "changed": self.changed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls([RowError(**e) for e in data.get("errors", [])], list(data.get("recovered", [])),
+                   data.get("computed", 0), data.get("changed", 0))
+
+
+@dataclass
 class RefreshResult:
     function_version: str
     version_before: int
@@ -78,27 +112,38 @@ class RefreshResult:
     rows_computed: int
     rows_failed: int
     rows_checked: int
+    rows_total: int  # live rows of the table at version_after
     fragments_visited: int
+    fragments_rewritten: int
     fragments_total: int
     wall_seconds: float
+    lease_wait_seconds: float
     errors: list[RowError]
+    recovered: list[int]
 
     @property
     def rows_per_second(self) -> float:
         return self.rows_computed / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-class _Run:
-    """State shared by the fragment workers of one refresh attempt."""
+@dataclass
+class _FragmentResult:
+    work: FragmentWork
+    group: lance.LanceOperation.DataReplacementGroup | None  # None: nothing changed, nothing rewritten
+    outcome: Outcome
+    file: str | None
+
+
+class _Attempt:
+    """State shared by the fragment workers of one plan-compute-commit attempt."""
 
     def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
-                 report: Callable[[Progress], None] | None, report_every: float, progress: Progress):
+                 report: Callable[[Progress], None] | None, report_every: float, progress: Progress, call: Any):
         self.dataset, self.function, self.store = dataset, function, store
         self.report, self.report_every, self.progress = report, report_every, progress
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
-        self.call: Any = None
-        self.errors: list[RowError] = []
+        self.call = call
         self.last_report = time.monotonic()
         names = [*function.columns, function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
@@ -113,71 +158,95 @@ class _Run:
                 self.call = self.function.open()
             return call_function(self.call, self.function, inputs, addresses)
 
-    def advance(self, scanned: int, computed: int, errors: list[RowError]) -> None:
+    def advance(self, scanned: int, outcome: Outcome) -> None:
         with self.lock:
             self.progress.rows_scanned += scanned
-            self.progress.rows_computed += computed
-            self.progress.rows_failed += len(errors)
-            self.errors.extend(errors)
+            self.progress.rows_computed += outcome.computed
+            self.progress.rows_failed += len(outcome.errors)
             if self.report and time.monotonic() - self.last_report >= self.report_every:
                 self.report(self.progress)
                 self.last_report = time.monotonic()
 
-    def close(self) -> None:
-        if self.call is not None and hasattr(self.call, "close"):
-            self.call.close()
 
-
-def _outputs(run: _Run, batch: pa.RecordBatch, addresses: np.ndarray,
-             new: bool) -> tuple[pa.RecordBatch, list[RowError], int]:
+def _outputs(attempt: _Attempt, batch: pa.RecordBatch, addresses: np.ndarray,
+             new: bool) -> tuple[pa.RecordBatch, Outcome]:
     """Output columns for a scanned batch: current rows keep their values, stale rows are computed.
 
     In a fragment the Function never wrote (`new`), every row is stale and nothing stored is read.
+    A row that fails is stored with the signature FAILED, so it stays stale.
     """
-    function = run.function
-    now = row_signatures(function, batch)
+    function = attempt.function
+    now = row_signatures(function, batch).to_numpy().copy()
     if new:
         stale_idx = np.arange(batch.num_rows)
-        old: list[pa.Array] = []
+        stored = None
+        retried = np.zeros(batch.num_rows, dtype=bool)
     else:
         stored = batch.column(function.sig_column)
-        stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, now), True).to_numpy(zero_copy_only=False))
-        old = [batch.column(name) for name in function.columns]
-    errors: list[RowError] = []
-    if len(stale_idx) == batch.num_rows:
-        values, errors = run.compute(batch.select(list(function.inputs)), addresses)
-        merged = [values] if len(function.columns) == 1 else values.flatten()
-    elif len(stale_idx):
-        values, errors = run.compute(batch.select(list(function.inputs)).take(pa.array(stale_idx)),
-                                     addresses[stale_idx])
-        new = [values] if len(function.columns) == 1 else values.flatten()
-        selector = np.arange(batch.num_rows)
-        selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
-        merged = [pa.concat_arrays([o, n.cast(o.type)]).take(pa.array(selector)) for o, n in zip(old, new, strict=True)]
+        stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
+            zero_copy_only=False))
+        retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
+    outcome = Outcome(computed=len(stale_idx))
+    if len(stale_idx) == 0:
+        merged = [batch.column(name) for name in function.columns]
     else:
-        merged = old
-    merged = [m.cast(f.type) for m, f in zip(merged, run.out_schema, strict=False)]
-    return pa.RecordBatch.from_arrays([*merged, now], schema=run.out_schema), errors, len(stale_idx)
+        inputs = batch.select(list(function.inputs))
+        if len(stale_idx) < batch.num_rows:
+            inputs = inputs.take(pa.array(stale_idx))
+        values, errors = attempt.compute(inputs, addresses[stale_idx])
+        computed = [values] if len(function.columns) == 1 else values.flatten()
+        if len(stale_idx) == batch.num_rows:
+            merged = computed
+        else:
+            selector = np.arange(batch.num_rows)
+            selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
+            merged = [pa.concat_arrays([batch.column(name), c.cast(batch.column(name).type)]).take(pa.array(selector))
+                      for name, c in zip(function.columns, computed, strict=True)]
+        failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
+        now[failed] = FAILED
+        was_failed = {int(a) for a in addresses[retried]}
+        outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed)
+                          for e in errors]
+        outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
+    if stored is None:
+        outcome.changed = batch.num_rows
+    else:
+        outcome.changed = int(np.count_nonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
+            zero_copy_only=False)))
+    merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
+    return pa.RecordBatch.from_arrays([*merged, pa.array(now, type=attempt.out_schema.field(-1).type)],
+                                      schema=attempt.out_schema), outcome
 
 
-def _refresh_fragment(run: _Run, item: FragmentWork) -> lance.LanceOperation.DataReplacementGroup:
-    """Compute one fragment's new column file (reusing checkpointed batches); returns its replacement."""
-    done = run.store.load_fragment(item)
-    if done is not None and (Path(run.dataset.uri) / "data" / done["file"]).exists():
-        run.advance(item.live_rows, 0, [RowError(**e) for e in done.get("errors", [])])
-        return lance.LanceOperation.DataReplacementGroup(item.fragment_id, lance.fragment.DataFile(
-            done["file"], run.out_ids, list(range(len(run.out_ids))), done["major"], done["minor"]))
-    fragment = run.dataset.get_fragment(item.fragment_id)
-    writer = FragmentFileWriter(run.dataset, f"gpufn-{run.function.version}-{item.inputs_hash}", run.out_schema)
-    saved = run.store.chunks(item)
+def _finished(attempt: _Attempt, item: FragmentWork, record: dict[str, Any]) -> _FragmentResult:
+    outcome = Outcome.from_json(record["outcome"])
+    if record["file"] is None:
+        return _FragmentResult(item, None, outcome, None)
+    data_file = lance.fragment.DataFile(record["file"], attempt.out_ids, list(range(len(attempt.out_ids))),
+                                        record["major"], record["minor"])
+    return _FragmentResult(item, lance.LanceOperation.DataReplacementGroup(item.fragment_id, data_file), outcome,
+                           record["file"])
+
+
+def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
+    """Compute one fragment's new column file (reusing checkpointed batches)."""
+    done = attempt.store.load_fragment(item)
+    if done is not None and (done["file"] is None or (Path(attempt.dataset.uri) / "data" / done["file"]).exists()):
+        result = _finished(attempt, item, done)
+        attempt.advance(item.live_rows, result.outcome)
+        return result
+    fragment = attempt.dataset.get_fragment(item.fragment_id)
+    writer = FragmentFileWriter(attempt.dataset, f"gpufn-{attempt.function.version}-{item.inputs_hash}",
+                                attempt.out_schema)
+    saved = attempt.store.chunks(item)
     next_offset = skip_until = 0
-    fragment_errors: list[RowError] = []
+    total = Outcome()
     pending: list[pa.RecordBatch] = []
-    pending_errors: list[RowError] = []
+    pending_outcome = Outcome()
     pending_start, last_checkpoint = 0, time.monotonic()
     new = item.reason == "new"
-    scanner = fragment.scanner(columns=run.new_scan if new else run.stale_scan, batch_size=run.function.batch_size,
-                               with_row_address=True, strict_batch_size=True)
+    scanner = fragment.scanner(columns=attempt.new_scan if new else attempt.stale_scan,
+                               batch_size=attempt.function.batch_size, with_row_address=True, strict_batch_size=True)
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
             continue
@@ -186,35 +255,47 @@ def _refresh_fragment(run: _Run, item: FragmentWork) -> lance.LanceOperation.Dat
         start, end = next_offset, int(offsets[-1]) + 1
         if end <= skip_until:  # inside a chunk restored from a checkpoint
             next_offset = end
-            run.advance(batch.num_rows, 0, [])
+            attempt.advance(batch.num_rows, Outcome())
             continue
         if start in saved:
             skip_until, path = saved[start]
-            batches, saved_errors = run.store.load_chunk(path)
+            batches, info = attempt.store.load_chunk(path)
             for restored in batches:
                 writer.write(restored)
-            errors = [RowError(**e) for e in saved_errors]
-            fragment_errors.extend(errors)
+            restored_outcome = Outcome.from_json(info)
+            total.add(restored_outcome)
             next_offset = pending_start = skip_until
-            run.advance(batch.num_rows, 0, errors)
+            attempt.advance(batch.num_rows, Outcome(errors=restored_outcome.errors))
             continue
-        out, errors, computed = _outputs(run, batch, addresses, new)
-        aligned = align_to_physical(out, offsets, start, run.out_schema)
+        out, outcome = _outputs(attempt, batch, addresses, new)
+        aligned = align_to_physical(out, offsets, start, attempt.out_schema)
         writer.write(aligned)
         next_offset = end
-        fragment_errors.extend(errors)
+        total.add(outcome)
         pending.append(aligned)
-        pending_errors.extend(errors)
-        run.advance(batch.num_rows, computed, errors)
-        if time.monotonic() - last_checkpoint >= run.function.checkpoint_seconds:
-            run.store.save_chunk(item, pending_start, end, pending, [e.__dict__ for e in pending_errors])
-            pending, pending_errors, pending_start, last_checkpoint = [], [], end, time.monotonic()
+        pending_outcome.add(outcome)
+        attempt.advance(batch.num_rows, outcome)
+        if time.monotonic() - last_checkpoint >= attempt.function.checkpoint_seconds:
+            attempt.store.save_chunk(item, pending_start, end, pending, pending_outcome.to_json())
+            pending, pending_outcome, pending_start, last_checkpoint = [], Outcome(), end, time.monotonic()
     writer.pad_to(item.physical_rows)
     writer.close()
-    run.store.save_fragment(item, {"file": writer.name, "major": writer.major, "minor": writer.minor,
-                                   "errors": [e.__dict__ for e in fragment_errors]})
-    run.store.discard_batches(item)
-    return lance.LanceOperation.DataReplacementGroup(item.fragment_id, writer.data_file(run.out_ids))
+    record: dict[str, Any] = {"file": writer.name, "major": writer.major, "minor": writer.minor,
+                              "outcome": total.to_json()}
+    if not new and total.changed == 0:
+        # Every row is current (e.g. after compaction): keep the fragment's files as they are.
+        (Path(attempt.dataset.uri) / "data" / writer.name).unlink(missing_ok=True)
+        record["file"] = None
+    attempt.store.save_fragment(item, record)
+    attempt.store.discard_batches(item)
+    return _finished(attempt, item, record)
+
+
+def _state_after(state: ColumnState, results: list[_FragmentResult]) -> ColumnState:
+    """The column state with this attempt's findings added (not yet pruned)."""
+    return ColumnState(
+        verified=state.verified | {r.work.content_key for r in results if r.group is None and not r.outcome.errors},
+        failed_files=state.failed_files | {r.file for r in results if r.file and r.outcome.errors})
 
 
 def refresh_column(
@@ -224,51 +305,96 @@ def refresh_column(
     report: Callable[[Progress], None] | None = None,
     report_every: float = 5.0,
     concurrency: int | None = None,
+    upstream: Sequence[Function] = (),
+    holder: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    lease_seconds: float = DEFAULT_TTL,
 ) -> RefreshResult:
-    """Bring the Function's column up to date; returns what was done. Safe to kill and re-run."""
+    """Bring the Function's column up to date; returns what was done. Safe to kill and re-run.
+
+    Args:
+        table_uri: the Lance dataset (`<db>/<table>.lance`).
+        function: the Function spec (`make_function`).
+        report: called with the progress every `report_every` seconds and at the end.
+        concurrency: fragments processed at once (default: up to 4, by CPU count).
+        upstream: Functions whose output columns this one reads; the refresh refuses to start
+            while one of them is not current (`UpstreamNotCurrent`).
+        holder: who refreshes (a run id), shown to a refresh of the same column that waits.
+        on_wait: called with a line while this refresh waits for another one of the same column.
+        lease_seconds: how long a killed refresh blocks the next one of the same column.
+
+    Example:
+        >>> import lance, pyarrow as pa, tempfile
+        >>> uri = tempfile.mkdtemp() + "/t.lance"
+        >>> _ = lance.write_dataset(pa.table({"x": [1, 2, 3]}), uri)
+        >>> def double(x: int) -> int:
+        ...     return 2 * x
+        >>> from gpufn_dagster.functions import make_function
+        >>> f = make_function(double, table="t", column="y")
+        >>> refresh_column(uri, f).rows_computed, refresh_column(uri, f).rows_computed
+        (3, 0)
+        >>> lance.dataset(uri).to_table(columns=["y"]).column("y").to_pylist()
+        [2, 4, 6]
+    """
     started = time.monotonic()
-    dataset = ensure_columns(table_uri, function)
-    version_before = dataset.version
-    store = CheckpointStore(dataset.uri, function.sig_column, function.version)
+    dataset = lance.dataset(table_uri)
+    check_input_types(function, dataset.schema)
+    check_upstream(dataset, function, upstream)
     progress = Progress()
-    visited = 0
+    visited = rewritten = 0
     workers = concurrency or min(4, os.cpu_count() or 1)
-    run = None
-    try:
-        for _attempt in range(_COMMIT_ATTEMPTS):
-            work = plan_fragments(dataset, function)
-            visited += len(work)
-            progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
-            previous_call = run.call if run else None
-            run = _Run(dataset, function, store, report, report_every, progress)
-            run.call = previous_call
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
-                groups = list(pool.map(functools.partial(_refresh_fragment, run), work))
-            if not groups:
-                version_after = dataset.version
-                break
-            try:
-                committed = lance.LanceDataset.commit(
-                    dataset.uri, lance.LanceOperation.DataReplacement(groups), read_version=dataset.version,
-                    commit_message=f"gpufn refresh {function.name} version {function.version}")
-                version_after = committed.version
-                break
-            except OSError:
-                # An incompatible concurrent commit (compaction of a fragment we rewrote, or another
-                # refresh of this column). Re-plan on the latest version; finished fragments whose
-                # state did not change are reused from their checkpoints.
-                dataset = lance.dataset(table_uri)
-        else:
-            raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row")
-    finally:
-        if run is not None:
-            run.close()
-    store.clear()
+    call: Any = None
+    with ColumnLease(table_uri, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
+                     ttl=lease_seconds, on_wait=on_wait) as lease:
+        try:
+            dataset = ensure_columns(table_uri, function)
+            version_before = dataset.version
+            store = CheckpointStore(dataset.uri, function.sig_column, function.version)
+            state = load_state(dataset.uri, function.sig_column)
+            for _attempt in range(_COMMIT_ATTEMPTS):
+                work = plan_fragments(dataset, function, state)
+                visited += len(work)
+                progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
+                attempt = _Attempt(dataset, function, store, report, report_every, progress, call)
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
+                    results = list(pool.map(functools.partial(_refresh_fragment, attempt), work))
+                call = attempt.call
+                total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
+                for result in results:
+                    total.add(result.outcome)
+                state = _state_after(state, results)
+                groups = [r.group for r in results if r.group is not None]
+                if not groups:
+                    break
+                save_state(dataset.uri, function.sig_column, state)  # failed files are known before the commit
+                lease.check()
+                try:
+                    dataset = lance.LanceDataset.commit(
+                        dataset.uri, lance.LanceOperation.DataReplacement(groups), read_version=dataset.version,
+                        commit_message=f"gpufn refresh {function.name} version {function.version}")
+                    rewritten += len(groups)
+                    break
+                except OSError:
+                    # An incompatible concurrent commit (compaction of a fragment we rewrote). Re-plan
+                    # on the latest version; finished fragments whose state did not change are reused
+                    # from their checkpoints.
+                    dataset = lance.dataset(table_uri)
+            else:
+                raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row")
+        finally:
+            if call is not None and hasattr(call, "close"):
+                call.close()
+        current = content_keys(dataset, function)
+        files = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+        save_state(dataset.uri, function.sig_column,
+                   ColumnState(state.verified & current, state.failed_files & files))
+        store.clear()
     if report:
         report(progress)
     return RefreshResult(
-        function_version=function.version, version_before=version_before, version_after=version_after,
-        rows_computed=progress.rows_computed, rows_failed=progress.rows_failed, rows_checked=progress.rows_scanned,
-        fragments_visited=visited, fragments_total=len(dataset.get_fragments()),
-        wall_seconds=time.monotonic() - started, errors=run.errors if run else [],
+        function_version=function.version, version_before=version_before, version_after=dataset.version,
+        rows_computed=total.computed, rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
+        rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
+        fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
+        lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
     )

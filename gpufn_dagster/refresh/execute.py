@@ -26,6 +26,7 @@ class RowError:
     row_address: int
     error: str
     traceback: str
+    retried: bool = False  # the row had failed in an earlier refresh too
 
 
 def _to_array(result: Any, data_type: pa.DataType, rows: int) -> pa.Array:

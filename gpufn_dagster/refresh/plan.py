@@ -6,6 +6,10 @@ Function version and the data files holding the inputs are the ones it read. Lan
 file in place: appends add fragments, in-place column updates swap data files, row updates move
 rows to new fragments, so any change that could alter an input shows up here. A visited fragment
 is then decided row by row against the per-row signature column (see `signature`).
+
+Two facts a file name cannot carry come from the column's `state`: a fragment found all current
+after compaction is skipped by its content key, and an engine file holding failed rows is
+visited again so they are retried.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 import lance
 
 from ..functions import Function
+from .state import ColumnState
 
 OUR_FILE = re.compile(r"^gpufn-(?P<version>[0-9a-f]{16})-(?P<inputs>[0-9a-f]{12})-[0-9a-f]{32}\.lance$")
 
@@ -29,8 +34,9 @@ class FragmentWork:
     physical_rows: int
     live_rows: int
     inputs_hash: str
-    state_key: str
-    reason: str  # "new": outputs never written here; "stale": written for other inputs or version
+    content_key: str  # the fragment's files and the Function version: what `verified` remembers
+    state_key: str  # content_key and batch size: where its checkpoints live
+    reason: str  # "new": outputs never written here; "stale": written for other inputs or version, or failed rows
 
 
 def field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ...]) -> list[int]:
@@ -42,27 +48,53 @@ def _files_holding(fragment: lance.fragment.FragmentMetadata, ids: set[int]) -> 
     return sorted(f.path for f in fragment.files if ids.intersection(f.fields))
 
 
-def plan_fragments(dataset: lance.LanceDataset, function: Function) -> list[FragmentWork]:
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _fragment_files(meta: lance.fragment.FragmentMetadata, function: Function, input_ids: set[int],
+                    output_ids: set[int]) -> tuple[str, list[str], str]:
+    """(inputs hash, output files, content key) of one fragment."""
+    inputs_hash = hashlib.sha256("\n".join(_files_holding(meta, input_ids)).encode()).hexdigest()[:12]
+    output_files = _files_holding(meta, output_ids)
+    deletion = meta.deletion_file.path(meta.id) if meta.deletion_file else ""
+    return inputs_hash, output_files, _key(function.version, inputs_hash, *output_files, deletion,
+                                           str(meta.physical_rows))
+
+
+def _ids(dataset: lance.LanceDataset, function: Function) -> tuple[set[int], set[int]]:
+    return set(field_ids(dataset, function.inputs)), set(field_ids(dataset, [*function.columns, function.sig_column]))
+
+
+def content_keys(dataset: lance.LanceDataset, function: Function) -> set[str]:
+    """The content key of every fragment now (to forget state about fragments that are gone)."""
+    input_ids, output_ids = _ids(dataset, function)
+    return {_fragment_files(f.metadata, function, input_ids, output_ids)[2] for f in dataset.get_fragments()}
+
+
+def plan_fragments(dataset: lance.LanceDataset, function: Function,
+                   state: ColumnState | None = None) -> list[FragmentWork]:
     """The fragments whose output may be missing or stale; clean fragments are left out."""
-    input_ids = set(field_ids(dataset, function.inputs))
-    output_ids = set(field_ids(dataset, [*function.columns, function.sig_column]))
+    state = state or ColumnState()
+    input_ids, output_ids = _ids(dataset, function)
     work = []
     for fragment in dataset.get_fragments():
         meta = fragment.metadata
-        inputs_hash = hashlib.sha256("\n".join(_files_holding(meta, input_ids)).encode()).hexdigest()[:12]
-        output_files = _files_holding(meta, output_ids)
+        inputs_hash, output_files, content_key = _fragment_files(meta, function, input_ids, output_ids)
         ours = OUR_FILE.match(output_files[0]) if len(output_files) == 1 else None
-        if ours and ours["version"] == function.version and ours["inputs"] == inputs_hash:
+        if (ours and ours["version"] == function.version and ours["inputs"] == inputs_hash
+                and output_files[0] not in state.failed_files):
             continue
-        deletion = meta.deletion_file.path(meta.id) if meta.deletion_file else ""
-        state = "\n".join([inputs_hash, *output_files, deletion, str(meta.physical_rows), str(function.batch_size)])
+        if content_key in state.verified:
+            continue
         work.append(
             FragmentWork(
                 fragment_id=meta.id,
                 physical_rows=meta.physical_rows,
                 live_rows=fragment.count_rows(),
                 inputs_hash=inputs_hash,
-                state_key=hashlib.sha256(state.encode()).hexdigest()[:16],
+                content_key=content_key,
+                state_key=_key(content_key, str(function.batch_size)),
                 reason="stale" if output_files else "new",
             )
         )

@@ -1,0 +1,65 @@
+"""Chained Functions: a Function may read another Function's output column, but only once it is current.
+
+Refreshing the downstream Function over an upstream column that is missing, failed or stale for
+some rows would compute values from inputs about to change (and pay for them twice), so the
+refresh refuses before computing anything, naming the upstream Function to materialize first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..functions import Function
+from .columns import SIG_COLUMN_KEY
+from .plan import plan_fragments
+from .signature import FAILED, row_signatures, scan_expressions
+from .state import load_state
+
+
+class UpstreamNotCurrent(RuntimeError):
+    """An input column is another Function's output that is not computed for every row yet."""
+
+
+def _stale_rows(dataset: lance.LanceDataset, function: Function) -> int:
+    """Rows whose stored value of the Function is missing, failed or not for their inputs now."""
+    if function.sig_column not in dataset.schema.names:
+        return dataset.count_rows()
+    stale = 0
+    columns = {n: f"`{n}`" for n in [*function.inputs, function.sig_column]} | scan_expressions(
+        function, dataset.schema)
+    for item in plan_fragments(dataset, function, load_state(dataset.uri, function.sig_column)):
+        for batch in dataset.get_fragment(item.fragment_id).scanner(columns=columns).to_batches():
+            now = row_signatures(function, batch)
+            stale += int(pc.sum(pc.fill_null(pc.not_equal(batch.column(function.sig_column), now), True)
+                                .cast(pa.int64())).as_py() or 0)
+    return stale
+
+
+def check_upstream(dataset: lance.LanceDataset, function: Function, upstream: Sequence[Function] = ()) -> None:
+    """Refuse to start when an input column is another Function's output that is not current.
+
+    `upstream` are the Functions known to produce some of the inputs; an input whose column was
+    declared by a Function not given here is checked by its stored signatures alone.
+    """
+    schema = dataset.schema
+    for name in function.inputs:
+        producer = next((u for u in upstream if name in u.columns and u.table == function.table), None)
+        if producer is not None:
+            stale = _stale_rows(dataset, producer) if name in schema.names else dataset.count_rows()
+            producer_name = producer.name
+        elif name in schema.names and SIG_COLUMN_KEY.encode() in (schema.field(name).metadata or {}):
+            metadata = schema.field(name).metadata
+            sig_column = metadata[SIG_COLUMN_KEY.encode()].decode()
+            producer_name = metadata.get(b"gpufn.function", b"?").decode()
+            stale = dataset.count_rows(filter=f"`{sig_column}` IS NULL OR `{sig_column}` = {FAILED}")
+        else:
+            continue
+        if stale:
+            raise UpstreamNotCurrent(
+                f"Function {function.name!r} reads column {name!r}, computed by Function {producer_name!r}, which is "
+                f"not current for {stale:,} of {dataset.count_rows():,} rows of table {function.table!r}; materialize "
+                f"{producer_name!r} first (Materialize all runs it before {function.name!r}). Nothing was computed.")
