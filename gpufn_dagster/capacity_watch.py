@@ -16,7 +16,12 @@ whatever their number. For each STARTING GPU run it turns the pod's status into 
 - held by scheduling gates, or failing to start (image pull, crash): reported as that, not as a wait.
 
 It also deletes the Job of any GPU run that finished (failed, canceled, timed out) while its pod
-still waits or runs, so no launched run leaves an orphan behind.
+still waits or runs, so no launched run leaves an orphan behind; and fails a STARTING GPU run whose
+pod and Job are gone (a lost spot node, a deleted pod whose Job gave up), which would otherwise
+stay STARTING forever with the start timeout off.
+
+Every Kubernetes call has a request timeout and goes through dagster-k8s's retry of transient
+errors, so a frozen API server ends a tick with that reason; the next tick starts afresh.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
+from dagster_k8s.client import k8s_api_retry
 
 from .capacity import State, Verdict, class_nodes, pod_verdict
 from .classes import GpuClass
@@ -41,6 +47,8 @@ WAITING_SINCE_TAG = "gpufn/waiting-since"
 REPORTED_TAG = "gpufn/capacity-reported"
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+# (connect, read) seconds for each Kubernetes call; a tick makes a handful of calls.
+REQUEST_TIMEOUT = (5.0, 20.0)
 
 
 @dataclass
@@ -82,14 +90,20 @@ class CapacityWatcher:
     """One object per daemon; `tick()` is cheap to call every few seconds."""
 
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
-                 namespace: str | None = None):
+                 namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
+        self.request_timeout = request_timeout
+
+    def _api(self, fn, *args, **kwargs):
+        """One Kubernetes call: bounded in time, transient errors retried (dagster-k8s's boundary)."""
+        return k8s_api_retry(lambda: fn(*args, **kwargs, _request_timeout=self.request_timeout), max_retries=2,
+                             timeout=1.0)
 
     def _list(self, namespaced, everywhere, **kwargs):
         if self.namespace:
-            return namespaced(self.namespace, **kwargs).items
-        return everywhere(**kwargs).items
+            return self._api(namespaced, self.namespace, **kwargs).items
+        return self._api(everywhere, **kwargs).items
 
     def tick(self, now: float | None = None) -> TickReport:
         now = time.time() if now is None else now
@@ -107,13 +121,17 @@ class CapacityWatcher:
                                     field_selector="involvedObject.kind=Pod"):
                 if event.involved_object.name in waiting_pods and event.reason in _EVENT_REASONS:
                     events[event.involved_object.name].append(event)
-        nodes = self.core.list_node().items if starting else []
+        nodes = self._api(self.core.list_node).items if starting else []
+        jobs_by_run = {_run_id(j): j for j in jobs if _run_id(j)}
 
         verdicts: dict[str, tuple[Any, GpuClass, int, Verdict]] = {}
         for run in starting:
             gpu_class = self.classes.get(run.tags.get(GPU_CLASS_TAG, ""))
             pod = pods_by_run.get(run.run_id)
-            if gpu_class is None or pod is None:
+            if gpu_class is None:
+                continue
+            if pod is None:
+                self._check_lost(run, jobs_by_run.get(run.run_id), report)
                 continue
             count = int(run.tags.get(GPU_COUNT_TAG, "1"))
             verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
@@ -189,10 +207,42 @@ class CapacityWatcher:
             self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: verdict.state.value})
             self._event(run, f"GPU run {what}: {verdict.message}", {"Reason": verdict.reason})
 
+    def _check_lost(self, run, job, report: TickReport) -> None:
+        """A STARTING GPU run with no pod: its Job is making a new one, has failed, or is gone."""
+        if job is None:
+            # Listed before this run's Job existed? Ask for it by its run id before failing anything.
+            found = self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
+                               label_selector=f"dagster/run-id={run.run_id}")
+            if found:
+                return
+            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "lost"})
+            self.instance.report_run_failed(
+                run, "The GPU run's Kubernetes Job and pod are gone before its run worker started (deleted, or "
+                     "its node was lost); re-execute the run.")
+            report.failed_runs.append(run.run_id)
+            return
+        failed = next((c for c in job.status.conditions or [] if c.type == "Failed" and c.status == "True"), None)
+        if failed is not None:
+            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "lost"})
+            self._delete_job_object(job, report)
+            self.instance.report_run_failed(
+                run, f"The GPU run's Kubernetes Job {_name(job)} failed before its run worker started: "
+                     f"{failed.reason}: {failed.message}")
+            report.failed_runs.append(run.run_id)
+        elif run.tags.get(CAPACITY_TAG) in ("waiting", "scheduled", "gated", "failing"):  # it had a pod
+            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "replacing"})
+            self._event(run, f"The GPU run's pod is gone (deleted, or its node was lost); its Job {_name(job)} "
+                             "is creating a new one", {"Job": _name(job)})
+
+    def _delete_job_object(self, job, report: TickReport) -> None:
+        self._api(self.batch.delete_namespaced_job, _name(job), job.metadata.namespace,
+                  propagation_policy="Background")
+        report.deleted_jobs.append(_name(job))
+
     def _delete_job(self, pod, report: TickReport) -> None:
         job = (pod.metadata.labels or {}).get("job-name")
         if job:
-            self.batch.delete_namespaced_job(job, pod.metadata.namespace, propagation_policy="Background")
+            self._api(self.batch.delete_namespaced_job, job, pod.metadata.namespace, propagation_policy="Background")
             report.deleted_jobs.append(job)
 
     def _fail(self, run, pod, state: str, report: TickReport, message: str) -> None:
@@ -209,8 +259,7 @@ class CapacityWatcher:
         for job in active:
             run = runs.get(_run_id(job))
             if run is not None and run.status in _FINISHED and _name(job) not in report.deleted_jobs:
-                self.batch.delete_namespaced_job(_name(job), job.metadata.namespace, propagation_policy="Background")
-                report.deleted_jobs.append(_name(job))
+                self._delete_job_object(job, report)
                 self.instance.report_engine_event(
                     f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
                     "waiting or running", run, cls=self.__class__)
@@ -232,11 +281,21 @@ def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[st
 
 
 def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = None,
-                    minimum_interval_seconds: int = 10, running: bool = True):
-    """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view."""
+                    minimum_interval_seconds: int = 10, running: bool = True,
+                    request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
+    """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view.
+
+    Args:
+        namespace: where the GPU run Jobs are (default: the launcher's `job_namespace`).
+        classes_dir: the GPU class files (default: the launcher's).
+        minimum_interval_seconds: how often it ticks.
+        running: whether it starts running (default) or stopped.
+        request_timeout: (connect, read) seconds for each Kubernetes call of a tick.
+    """
     import dagster as dg
     import kubernetes
     import urllib3
+    from dagster_k8s.client import DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError
 
     from .classes import cached_gpu_classes
     from .launcher import GpuK8sRunLauncher, KubernetesUnavailable
@@ -253,14 +312,16 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: str | None = N
         # Constructing the launcher loaded its Kubernetes configuration as the client default.
         watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api(),
                                   cached_gpu_classes(classes_dir or launcher.classes_dir),
-                                  namespace or launcher.job_namespace)
+                                  namespace or launcher.job_namespace, request_timeout=request_timeout)
         try:
             report = watcher.tick()
-        except (urllib3.exceptions.HTTPError, kubernetes.client.ApiException) as err:
+        except (urllib3.exceptions.HTTPError, kubernetes.client.ApiException, DagsterK8sAPIRetryLimitExceeded,
+                DagsterK8sUnrecoverableAPIError) as err:
             host = kubernetes.client.Configuration.get_default_copy().host
-            raise KubernetesUnavailable(f"cannot watch GPU runs: the Kubernetes API at {host} failed "
-                                        f"({type(err).__name__}: {str(err).splitlines()[0][:300]}); runs keep "
-                                        "waiting and are checked again next tick") from err
+            raise KubernetesUnavailable(f"this tick could not finish: the Kubernetes API at {host} failed or did "
+                                        f"not answer within {request_timeout[1]:.0f}s ({type(err).__name__}: "
+                                        f"{str(err).splitlines()[0][:300]}); runs keep waiting and the next tick "
+                                        "starts afresh") from err
         context.log.info(report.summary())
         return dg.SkipReason(report.summary())
 

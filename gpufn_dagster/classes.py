@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from kubernetes.utils.quantity import parse_quantity
+
+from .k8s_syntax import extended_resource_problem, label_value_problem, qualified_name_problem, quantity_problem
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -31,11 +33,14 @@ from pydantic import (
 
 DEFAULT_CLASS = "default"
 CLASSES_DIR_ENV = "GPUFN_CLASSES_DIR"
+# Bounds on what one class file may be: a class is a few dozen lines, so anything past these is
+# a mistake or an attack (a YAML alias bomb expands 1 KB into gigabytes).
+MAX_FILE_BYTES = 64 * 1024
+MAX_ALIASES = 64
+MAX_DEPTH = 32
 
-# Kubernetes extended resource names: an optional DNS prefix, a slash, and a name (e.g.
-# nvidia.com/gpu, nvidia.com/mig-1g.10gb). Dagster tag values allow [A-Za-z0-9_.-]{0,63}.
-_RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+# Class names go into labels and Dagster tags: a DNS label-like name (fullmatch: no trailing newline).
+_CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -50,17 +55,32 @@ def parse_bytes(value: Any) -> Any:
         text = value.strip()
         if text.endswith("B"):
             text = text[:-1]
+        if problem := quantity_problem(text):
+            raise ValueError(f"not a byte size: {value[:40]!r}: {problem} (use e.g. 80GiB or 85899345920)")
+        if len(text) > 64:
+            raise ValueError(f"not a byte size: {value[:40]!r}... is {len(value)} characters long")
         try:
-            return int(parse_quantity(text))
-        except ValueError as err:
+            quantity = parse_quantity(text)
+        except (ValueError, ArithmeticError) as err:  # ArithmeticError: a Decimal out of range
             raise ValueError(f"not a byte size: {value!r} (use e.g. 80GiB or 85899345920)") from err
+        if not quantity.is_finite() or quantity > 2**63 - 1:
+            raise ValueError(f"not a byte size: {value!r} is larger than Kubernetes can count")
+        return int(quantity)
     return value
 
 
 def parse_duration(value: Any) -> Any:
     """Accept durations as seconds, ISO 8601, or '90s' / '30m' / '2h' / '1d'."""
     if isinstance(value, str) and (match := _DURATION.match(value)):
-        return timedelta(seconds=float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+        try:
+            return timedelta(seconds=float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+        except OverflowError as err:
+            raise ValueError(f"{value!r} is longer than a duration can be (at most 999999999 days)") from err
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return timedelta(seconds=value)
+        except (OverflowError, ValueError) as err:
+            raise ValueError(f"{value!r} seconds is not a duration this can hold") from err
     return value
 
 
@@ -80,13 +100,20 @@ class Toleration(_Strict):
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(
-        default=None, validation_alias=AliasChoices("toleration_seconds", "tolerationSeconds")
+        default=None, ge=-(2**63), le=2**63 - 1,  # Kubernetes stores it as an int64
+        validation_alias=AliasChoices("toleration_seconds", "tolerationSeconds")
     )
 
     @model_validator(mode="after")
     def _operator_value(self) -> Toleration:
         if self.operator == "Exists" and self.value:
             raise ValueError("operator Exists takes no value")
+        if self.operator == "Equal" and not self.key:
+            raise ValueError("operator Equal needs a key (only Exists may leave it empty, to tolerate every taint)")
+        if self.key and (problem := qualified_name_problem(self.key)):
+            raise ValueError(f"key {self.key!r}: {problem}")
+        if self.value and (problem := label_value_problem(self.value)):
+            raise ValueError(f"value {self.value!r}: {problem}")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             raise ValueError("toleration_seconds applies only to effect NoExecute")
         return self
@@ -105,10 +132,17 @@ class NodeSelectorRequirement(_Strict):
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> NodeSelectorRequirement:
+        if problem := qualified_name_problem(self.key):
+            raise ValueError(f"key {self.key!r}: {problem}")
         if self.operator in ("Exists", "DoesNotExist") and self.values:
             raise ValueError(f"operator {self.operator} takes no values")
         if self.operator not in ("Exists", "DoesNotExist") and not self.values:
             raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not re.fullmatch(r"-?\d{1,18}", self.values[0])):
+            raise ValueError(f"operator {self.operator} takes exactly one integer value")
+        for value in self.values if self.operator in ("In", "NotIn") else ():
+            if problem := label_value_problem(value):
+                raise ValueError(f"value {value!r}: {problem}")
         return self
 
 
@@ -136,11 +170,11 @@ class GpuClass(_Strict):
     tolerations: list[Toleration] = Field(default_factory=list)
     node_affinity: list[NodeSelectorTerm] = Field(default_factory=list)
     gpu_model: str
-    gpu_memory_bytes: Bytes = Field(validation_alias=AliasChoices("gpu_memory_bytes", "gpu_memory"))
+    gpu_memory_bytes: Bytes = Field(le=2**63 - 1, validation_alias=AliasChoices("gpu_memory_bytes", "gpu_memory"))
     max_gpu_count_per_worker: int = Field(ge=1, le=64)
     cpu: str | None = None
     memory: str | None = None
-    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     max_wait: Duration | None = None
     local: LocalSlots = Field(default_factory=LocalSlots)
     description: str | None = None
@@ -148,25 +182,32 @@ class GpuClass(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _CLASS_NAME.match(value):
+        if not _CLASS_NAME.fullmatch(value):
             raise ValueError("must be lowercase letters, digits, '-' or '.', at most 63 characters")
         return value
 
     @field_validator("resource_name")
     @classmethod
     def _resource_name(cls, value: str) -> str:
-        if not _RESOURCE_NAME.match(value) or len(value) > 253:
-            raise ValueError("must be a Kubernetes extended resource name such as nvidia.com/gpu")
+        if problem := extended_resource_problem(value):
+            raise ValueError(f"{value!r} is not a Kubernetes extended resource name: {problem}")
+        return value
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if problem := qualified_name_problem(key):
+                raise ValueError(f"label key {key!r}: {problem}")
+            if problem := label_value_problem(label):
+                raise ValueError(f"label value {label!r} of {key!r}: {problem}")
         return value
 
     @field_validator("cpu", "memory")
     @classmethod
     def _quantity(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                parse_quantity(value)
-            except ValueError as err:
-                raise ValueError(f"not a Kubernetes quantity: {value!r}") from err
+        if value is not None and (problem := quantity_problem(value)):
+            raise ValueError(f"{value!r}: {problem}")
         return value
 
     @field_validator("max_wait")
@@ -204,6 +245,65 @@ def _format_error(file: Path, class_name: str, err: ValidationError) -> list[str
     return lines
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing alias expansion and nesting past small bounds."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name): refused, a class needs few or none")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels: refused")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def class_files(directory: Path) -> list[Path]:
+    """The class files of a directory: `*.yaml` and `*.yml`, hidden ones (editor lock files) left out."""
+    return sorted(f for f in [*directory.glob("*.yaml"), *directory.glob("*.yml")] if not f.name.startswith("."))
+
+
+def _read(file: Path) -> tuple[Any, str | None]:
+    """The parsed YAML of one class file, or why it cannot be read (never an exception)."""
+    if not file.is_file():
+        return None, "not a readable file (a directory, or a symbolic link to nothing)"
+    try:
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return None, f"{size:,} bytes; a class file may hold at most {MAX_FILE_BYTES:,}"
+        data = file.read_bytes()
+    except OSError as err:
+        return None, f"cannot be read: {err.strerror or err}"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+    try:
+        loader = _BoundedLoader(text)
+        try:
+            return loader.get_single_data(), None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        return None, f"not valid YAML: {err}"
+    except (ValueError, RecursionError, OverflowError) as err:  # e.g. an integer of thousands of digits
+        return None, f"not valid YAML: {str(err)[:200]}"
+
+
+def _name_of(raw: dict, file: Path) -> str:
+    name = raw.get("name", file.stem)
+    return name if isinstance(name, str) and len(name) <= 100 else file.stem
+
+
 def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, GpuClass]:
     """Load and validate every class file in the directory, or raise GpuClassError listing all problems."""
     directory = classes_dir(path)
@@ -211,16 +311,15 @@ def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, Gp
         raise GpuClassError(f"{directory}: GPU class directory not found (set {CLASSES_DIR_ENV})")
     problems: list[str] = []
     loaded: dict[str, tuple[Path, GpuClass]] = {}
-    for file in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
-        try:
-            raw = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as err:
-            problems.append(f"{file}: not valid YAML: {err}")
+    for file in class_files(directory):
+        raw, problem = _read(file)
+        if problem is not None:
+            problems.append(f"{file}: {problem}")
             continue
         if not isinstance(raw, dict):
             problems.append(f"{file}: expected one class as a mapping of fields, got {type(raw).__name__}")
             continue
-        class_name = str(raw.get("name", file.stem))
+        class_name = _name_of(raw, file)
         try:
             gpu_class = GpuClass.model_validate(raw)
         except ValidationError as err:
@@ -240,8 +339,14 @@ def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, Gp
 
 
 def _directory_stamp(directory: Path) -> tuple:
-    return tuple(sorted((f.name, f.stat().st_mtime_ns, f.stat().st_size)
-                        for f in [*directory.glob("*.yaml"), *directory.glob("*.yml")]))
+    stamps = []
+    for f in class_files(directory):
+        try:
+            stat = f.stat()
+            stamps.append((f.name, stat.st_mtime_ns, stat.st_size))
+        except OSError:  # a symbolic link to nothing: loading reports it
+            stamps.append((f.name, 0, -1))
+    return tuple(stamps)
 
 
 @functools.lru_cache(maxsize=16)

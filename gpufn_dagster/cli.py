@@ -46,13 +46,32 @@ def classes(directory: str | None, as_json: bool) -> None:
 @click.option("--port", default=8765, show_default=True, type=int)
 @click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
 @click.option("--token", envvar="GPUFN_API_TOKEN", default=None, help="Require this bearer token (or $GPUFN_API_TOKEN).")
-def serve(host: str, port: int, directory: str | None, token: str | None) -> None:
+@click.option("--allow-unauthenticated", is_flag=True,
+              help="Serve a non-loopback address without a token (anyone who reaches it can read the classes).")
+def serve(host: str, port: int, directory: str | None, token: str | None, allow_unauthenticated: bool) -> None:
     """Serve GET /v1/gpu/classes."""
+    import ipaddress
+
     import uvicorn
 
-    from .api import create_app
+    from .api import ApiConfigError, create_app
 
-    uvicorn.run(create_app(directory, token), host=host, port=port, log_level="info")
+    try:
+        app = create_app(directory, token)
+    except ApiConfigError as err:
+        raise click.BadParameter(str(err), param_hint="--token / $GPUFN_API_TOKEN") from None
+    if not token:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback and not allow_unauthenticated:
+            raise click.BadParameter(f"{host} is not a loopback address and no token is set: pass --token (or "
+                                     "$GPUFN_API_TOKEN), or --allow-unauthenticated to serve it open",
+                                     param_hint="--host")
+        click.echo(f"gpufn serve: no token set: anyone who can reach {host}:{port} can list the GPU classes",
+                   err=True)
+    uvicorn.run(app, host=host, port=port, log_level="info")
 
 
 @main.command()

@@ -15,43 +15,19 @@ are reported with the file and the field.
 """
 
 import importlib
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import dagster as dg
-import pyarrow as pa
 
 from .assets import DECLARED_IN, gpu_function
 from .checks import function_checks
-from .functions import FunctionDefinitionError
+from .functions import FunctionDefinitionError, parse_arrow_type
 from .views import materialized_view_asset
 
 
 class ComponentError(ValueError):
     """A YAML component's attribute is invalid; the message names the file and the field."""
-
-
-def parse_arrow_type(spec: str) -> pa.DataType:
-    """Arrow types in YAML: int64, string, float32, list<float32>, fixed_size_list<float32>[384],
-    struct<name: string, score: float64>."""
-    text = spec.strip()
-    if match := re.fullmatch(r"fixed_size_list<(.+)>\[(\d+)\]", text):
-        return pa.list_(parse_arrow_type(match.group(1)), int(match.group(2)))
-    if match := re.fullmatch(r"list<(.+)>", text):
-        return pa.list_(parse_arrow_type(match.group(1)))
-    if match := re.fullmatch(r"struct<(.+)>", text):
-        fields, depth, start = [], 0, 0
-        body = match.group(1)
-        for i, char in enumerate(body + ","):
-            depth += char == "<"
-            depth -= char == ">"
-            if char == "," and depth == 0:
-                name, _, type_spec = body[start:i].partition(":")
-                fields.append(pa.field(name.strip(), parse_arrow_type(type_spec)))
-                start = i + 1
-        return pa.struct(fields)
-    return pa.type_for_alias(text)
 
 
 def import_object(path: str) -> Any:

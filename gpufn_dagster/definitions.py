@@ -21,6 +21,7 @@ import lancedb
 
 from .assets import DECLARED_IN, function_of
 from .functions import Function, FunctionDefinitionError
+from .refresh.columns import is_function_column
 from .refresh.signature import unsupported_reason
 from .resources import LanceDBResource, default_db_uri
 
@@ -87,6 +88,12 @@ def check_tables(assets: Sequence[Any], db_uri: str) -> None:
         if missing:
             problems.append(f"{where}Function {function.name!r}: field 'inputs': table {function.table!r} has no column "
                             f"{', '.join(map(repr, missing))}; it has {', '.join(columns)}")
+        taken = [c for c in (*function.columns, function.sig_column)
+                 if c in schema.names and not is_function_column(schema.field(c))]
+        if taken:
+            problems.append(f"{where}Function {function.name!r}: field 'column': {', '.join(map(repr, taken))} of "
+                            f"table {function.table!r} holds the table's own data, which the Function would "
+                            "overwrite; choose another column name")
         for name in function.inputs:
             if name in columns and (reason := unsupported_reason(schema.field(name).type)):
                 problems.append(f"{where}Function {function.name!r}: field 'inputs': column {name!r} of table "

@@ -45,6 +45,33 @@ class CallStyle(enum.Enum):
     RECORD_BATCH = "record_batch"
 
 
+def parse_arrow_type(spec: str) -> pa.DataType:
+    """Arrow types by name, as YAML and `output_type="..."` spell them; raises ValueError for others.
+
+    >>> parse_arrow_type("fixed_size_list<float32>[384]"), parse_arrow_type("struct<name: string, n: int64>")
+    (FixedSizeListType(fixed_size_list<item: float>[384]), StructType(struct<name: string, n: int64>))
+    """
+    text = spec.strip()
+    if match := re.fullmatch(r"fixed_size_list<(.+)>\[(\d+)\]", text):
+        return pa.list_(parse_arrow_type(match.group(1)), int(match.group(2)))
+    if match := re.fullmatch(r"list<(.+)>", text):
+        return pa.list_(parse_arrow_type(match.group(1)))
+    if match := re.fullmatch(r"large_list<(.+)>", text):
+        return pa.large_list(parse_arrow_type(match.group(1)))
+    if match := re.fullmatch(r"struct<(.+)>", text):
+        fields, depth, start = [], 0, 0
+        body = match.group(1)
+        for i, char in enumerate(body + ","):
+            depth += char == "<"
+            depth -= char == ">"
+            if char == "," and depth == 0:
+                name, _, type_spec = body[start:i].partition(":")
+                fields.append(pa.field(name.strip(), parse_arrow_type(type_spec)))
+                start = i + 1
+        return pa.struct(fields)
+    return pa.type_for_alias(text)
+
+
 def _annotation_to_arrow(annotation: Any) -> pa.DataType | None:
     if annotation in _PY_TO_ARROW:
         return _PY_TO_ARROW[annotation]
@@ -58,18 +85,6 @@ def _annotation_to_arrow(annotation: Any) -> pa.DataType | None:
             if isinstance(extra, pa.DataType):
                 return extra
     return None
-
-
-def _arrow_type_from_name(name: str) -> pa.DataType | None:
-    """Arrow types as lancedb's udf signature spells them ('int64', 'utf8', 'list<float64>')."""
-    match = re.fullmatch(r"(?:large_)?list<(.+)>", name)
-    if match:
-        inner = _arrow_type_from_name(match.group(1))
-        return pa.list_(inner) if inner is not None else None
-    try:
-        return pa.type_for_alias(name)
-    except ValueError:
-        return None
 
 
 def _unwrap(target: Any) -> Any:
@@ -176,7 +191,10 @@ def _inferred_output_type(label: str, target: Any, style: CallStyle, annotation:
     output_type = None
     request = getattr(target, "registration_request", None)
     if request is not None and request.signature.output.arrow_type:
-        output_type = _arrow_type_from_name(request.signature.output.arrow_type)
+        try:  # lancedb spells types the way YAML does ('int64', 'utf8', 'list<float64>')
+            output_type = parse_arrow_type(request.signature.output.arrow_type)
+        except (ValueError, KeyError):
+            output_type = None
     if output_type is None:
         if style is CallStyle.ROW or typing.get_origin(annotation) is typing.Annotated:
             output_type = _annotation_to_arrow(annotation)
@@ -224,6 +242,16 @@ def make_function(
         raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
     if gpu_count < 0:
         raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+    if isinstance(output_type, str):
+        try:
+            output_type = parse_arrow_type(output_type)
+        except (ValueError, KeyError) as err:
+            raise FunctionDefinitionError(
+                f"{label}: field 'output_type': {output_type!r} is not an Arrow type ({err}); use e.g. 'int64', "
+                "'string', 'list<float32>', 'fixed_size_list<float32>[384]' or a pyarrow type") from None
+    elif output_type is not None and not isinstance(output_type, pa.DataType):
+        raise FunctionDefinitionError(f"{label}: field 'output_type': expected a pyarrow type or its name, got "
+                                      f"{type(output_type).__name__}")
 
     sig = _call_signature(original, is_class)
     hints = _hints(original, is_class)
@@ -254,6 +282,14 @@ def make_function(
     if gpu is None:
         request = getattr(target, "registration_request", None)
         gpu = bool(request.runtime.gpu) if request is not None else gpu_class is not None
+    if gpu and gpu_count < 1:
+        raise FunctionDefinitionError(
+            f"{label}: field 'gpu_count': a GPU Function needs at least 1 GPU, got {gpu_count}; leave out gpu_class "
+            "(and gpu) for a CPU Function")
+    if own := sorted(set(columns) & set(inputs)):
+        raise FunctionDefinitionError(
+            f"{label}: field 'column': {', '.join(map(repr, own))} is also an input of the Function; a Function "
+            "cannot write the column it reads")
     init = dict(init or {})
     if is_class:
         _check_parameters(label, _init_signature(original), list(init), field_name="init")

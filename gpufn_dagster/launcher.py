@@ -27,13 +27,14 @@ class and cannot be overridden or widened. Runs with no GPU step go exactly the 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import kubernetes
 import urllib3
 
 from dagster import Field, Noneable, StringSource
-from dagster._core.events import EngineEventData
+from dagster._core.events import DagsterEventType, EngineEventData
 from dagster._core.launcher import LaunchRunContext
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
@@ -76,12 +77,20 @@ _STATUS_MEANING = {
 }
 
 
-def _api_status(err: BaseException) -> int | None:
-    """The HTTP status behind dagster-k8s's wrapped API errors, None when no answer came."""
+def _api_exception(err: BaseException) -> kubernetes.client.ApiException | None:
+    """The API server's answer behind dagster-k8s's wrapped errors, None when no answer came."""
     for candidate in (err, getattr(err, "k8s_api_exception", None), err.__cause__, err.__context__):
         if isinstance(candidate, kubernetes.client.ApiException) and candidate.status:
-            return int(candidate.status)
+            return candidate
     return None
+
+
+def _api_message(answer: kubernetes.client.ApiException) -> str:
+    """The API server's own message (it names the refused field: `spec.containers[0]...: Invalid value`)."""
+    try:
+        return str(json.loads(answer.body)["message"])[:500]
+    except (TypeError, ValueError, KeyError):
+        return f"{answer.status} {answer.reason}"
 
 
 class GpuPlacementRejected(Exception):
@@ -211,18 +220,38 @@ class GpuK8sRunLauncher(K8sRunLauncher):
 
     def _launch_error(self, err: BaseException) -> Exception:
         """Say what a failed Job creation means: an API that did not answer, or one that refused."""
-        detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
         where = f"the Kubernetes API at {self._api_host()} (namespace {self.job_namespace!r})"
-        status = _api_status(err)
-        if status is not None and 400 <= status < 500:
-            meaning = _STATUS_MEANING.get(status, "the API server refused the request")
+        answer = _api_exception(err)
+        status = int(answer.status) if answer is not None else None
+        if answer is not None and 400 <= answer.status < 500:
+            meaning = _STATUS_MEANING.get(answer.status, "the API server refused the request")
             return KubernetesRejected(
-                f"could not create the GPU run worker Job: {where} answered {status}: {meaning} ({detail}). "
-                "Re-executing the run will not help until that is fixed.")
+                f"could not create the GPU run worker Job: {where} answered {answer.status}: {meaning}: "
+                f"{_api_message(answer)}. Re-executing the run will not help until that is fixed.")
+        detail = _api_message(answer) if answer is not None else (
+            f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
         answered = f"answered {status}" if status is not None else "did not answer"
         return KubernetesUnavailable(
             f"could not create the GPU run worker Job: {where} {answered} ({detail}). No Job was created; "
             "re-execute the run once the API answers.")
+
+    def terminate(self, run_id: str) -> bool:
+        """K8sRunLauncher's terminate; a GPU run whose worker never started is then canceled at once.
+
+        Deleting the Job of a run that waits for capacity removes the only process that could
+        acknowledge the cancel, so without this the run would sit in CANCELING until Dagster's
+        cancel timeout. CPU runs keep dagster-k8s's behaviour exactly.
+        """
+        run = self._instance.get_run_by_id(run_id)
+        gpu_run = run is not None and run.tags.get(PLACEMENT_TAG) in ("gpu", "per-step")
+        started = run is not None and bool(self._instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.RUN_START, limit=1).records)
+        terminated = super().terminate(run_id)
+        if terminated and gpu_run and not started:
+            self._instance.report_run_canceled(
+                self._instance.get_run_by_id(run_id),
+                message="Canceled before its run worker started: its Kubernetes Job and waiting pod were deleted")
+        return terminated
 
     def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
         context = super().get_container_context_for_run(dagster_run)

@@ -170,3 +170,41 @@ def test_gated_pod_is_not_reported_as_a_capacity_wait():
     failing = {"spec": {"node_name": "n"}, "status": {"container_statuses": [
         {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling image"}}}]}}
     assert pod_verdict(failing, [], a100(), 1, []).state is State.FAILING
+
+
+def test_a_gpu_run_whose_job_and_pod_vanish_fails_with_that_reason(cluster, core, namespace, instance, watcher,
+                                                                  full_a100_pool):
+    """A spot node lost, or the Job deleted by hand, before the run worker started: never STARTING forever."""
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    batch.delete_collection_namespaced_job(namespace, label_selector=f"dagster/run-id={run_id}",
+                                           propagation_policy="Background")
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}", grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items
+             and not batch.list_namespaced_job(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="Job and pod gone")
+    report = watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "lost"
+    assert report.failed_runs == [run_id]
+    assert any("Kubernetes Job and pod are gone before its run worker started" in m for m in messages(instance, run_id))
+
+
+def test_a_freshly_launched_run_without_a_pod_yet_is_left_alone(core, namespace, instance, watcher):
+    run_id = materialize(instance, "frames__emb_l4")
+    watcher.tick()  # whether or not its pod exists yet, the run is not failed
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTING
+
+
+def test_terminating_a_waiting_gpu_run_cancels_it_at_once(cluster, core, namespace, instance, full_a100_pool):
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    assert instance.run_coordinator.cancel_run(run_id)
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.CANCELED  # not CANCELING until Dagster's 180 s cancel timeout
+    assert any("Canceled before its run worker started" in m for m in messages(instance, run_id))
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="pod deleted")

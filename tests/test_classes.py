@@ -45,7 +45,8 @@ def write(directory: Path, file_stem: str, **fields) -> Path:
 
 
 @pytest.mark.parametrize(("fields", "field", "words"), [
-    ({"gpu_memory": "-8GiB"}, "gpu_memory", "greater than 0"),
+    ({"gpu_memory": "-8GiB"}, "gpu_memory", "must not be negative"),
+    ({"gpu_memory": 0}, "gpu_memory", "greater than 0"),
     ({"colour": "blue"}, "colour", "Extra inputs"),
     ({"tolerations": [{"key": "k", "operator": "Exists", "effect": "NoScheduel"}]}, "tolerations[0].effect",
      "NoSchedule"),

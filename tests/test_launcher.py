@@ -274,7 +274,14 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
 
 
 def _launch_error_text(instance, run_id: str) -> str:
-    return " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+    """The messages of the run's errors and their causes, as written (not as a repr escapes them)."""
+    texts = []
+    for entry in instance.all_logs(run_id):
+        error = getattr(getattr(entry.dagster_event, "event_specific_data", None), "error", None)
+        while error is not None:
+            texts.append(f"{error.cls_name}: {error.message}")
+            error = error.cause
+    return "\n".join(texts)
 
 
 def test_api_errors_keep_dagster_k8s_exceptions_for_cpu_runs_and_are_explained_for_gpu_runs(

@@ -231,3 +231,13 @@ def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Pa
     assert set(values(db_uri).values()) == {f"DOC {i}@v2" for i in range(400)}
     assert lance.dataset(uri).validate() is None
     assert not (Path(uri) / "_gpufn" / "checkpoints").exists() or not any((Path(uri) / "_gpufn" / "checkpoints").iterdir())
+    # The files the killed refresh wrote and never committed are gone; every version still reads.
+    # (Lance's own temporary file of the write in flight, data/.tmp*, is left to Lance's
+    # cleanup_old_versions: other writers' temporary files look the same.)
+    dataset = lance.dataset(uri)
+    referenced = {f.path for v in dataset.versions()
+                  for fragment in lance.dataset(uri, version=v["version"]).get_fragments()
+                  for f in fragment.metadata.files}
+    assert {p.name for p in (Path(uri) / "data").iterdir() if not p.name.startswith(".tmp")} <= referenced
+    for v in dataset.versions():
+        assert lance.dataset(uri, version=v["version"]).to_table().num_rows == 400

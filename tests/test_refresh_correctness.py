@@ -413,3 +413,46 @@ def test_the_version_covers_helpers_and_constants_the_function_references(tmp_pa
     pinned = function_of(gpu_function(table="t", column="c", version="release-7")(function))
     assert pinned.version == make_function(function, table="t", column="c", version="release-7").version
     assert pinned.version != version
+
+
+# Files a killed refresh left behind -------------------------------------------------------------
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    from gpufn_dagster import make_function, refresh_column
+    uri, log = sys.argv[1], sys.argv[2]
+    def slow(text: str) -> str:
+        with open(log, "a") as f:
+            f.write(text + "\\n")
+        time.sleep(0.005)
+        return text.upper()
+    fn = make_function(slow, table="docs", column="shout", batch_size=25, version="v1", checkpoint_seconds=0)
+    refresh_column(uri, fn, concurrency=1)
+""")
+
+
+def test_files_a_killed_refresh_wrote_are_removed_by_the_next_one(db_uri, tmp_path: Path):
+    table = create(db_uri, docs(100), "docs")
+    for start in range(100, 400, 100):
+        table.add(docs(100, start=start))  # four fragments, refreshed one after the other
+    uri = table.to_lance().uri
+    script, log = tmp_path / "refresh.py", tmp_path / "calls.log"
+    script.write_text(KILLED)
+    process = subprocess.Popen([sys.executable, str(script), uri, str(log)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 230):
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    written_before = {p.name for p in (Path(uri) / "data").glob("gpufn-*.lance")}
+    assert len(written_before) >= 2  # the two fragments it finished
+    lancedb.connect(db_uri).open_table("docs").delete("id = 5")  # fragment 0 changed: its file is now useless
+    subprocess.run([sys.executable, str(script), uri, str(log)], check=True)
+
+    dataset = lance.dataset(uri)
+    referenced = {f.path for v in dataset.versions() for fragment in lance.dataset(uri, version=v["version"])
+                  .get_fragments() for f in fragment.metadata.files}
+    left = {p.name for p in (Path(uri) / "data").iterdir() if not p.name.startswith(".tmp")} - referenced
+    assert left == set(), left
+    assert dataset.count_rows("shout IS NULL") == 0 and dataset.count_rows() == 399
+    assert not any((Path(uri) / "_gpufn" / "written").rglob("*.lance"))

@@ -63,7 +63,7 @@ def dagster_dev(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240  # generous: a loaded 2-core machine starts dagster dev slowly
     while time.monotonic() < deadline:
         try:
             graphql(port, "{ version }")

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from .columns import SIG_COLUMN_KEY
 from .plan import field_ids
-from .write import FragmentFileWriter, align_to_physical
+from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 SOURCE_ROW_ID = "__source_row_id"
 
@@ -48,7 +48,7 @@ def carry_over(view_uri: str, previous_version: int) -> int:
         carried += sum(joined.num_rows - joined.column(s).null_count for s in sig_columns) // len(sig_columns)
         batch = pa.RecordBatch.from_arrays([joined.column(n).combine_chunks() for n in names], schema=schema)
         offsets = (joined.column("_rowaddr").to_numpy() & 0xFFFFFFFF).astype(np.int64)
-        writer = FragmentFileWriter(current, "gpufn-carry", schema)
+        writer = FragmentFileWriter(current, data_file_name("gpufn-carry"), schema)
         writer.write(align_to_physical(batch, offsets, 0, schema))
         writer.pad_to(fragment.metadata.physical_rows)
         writer.close()

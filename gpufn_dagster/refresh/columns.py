@@ -16,6 +16,11 @@ VIEW_DEFINITION_KEY = b"mv.definition"
 SIG_COLUMN_KEY = "gpufn.sig_column"
 
 
+def is_function_column(field: pa.Field) -> bool:
+    """Whether a column was declared by a Function (its output or signature), not written by users."""
+    return SIG_COLUMN_KEY.encode() in (field.metadata or {})
+
+
 def is_view(schema: pa.Schema) -> bool:
     return VIEW_DEFINITION_KEY in (schema.metadata or {})
 
@@ -51,6 +56,10 @@ def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
                     f"Function {function.name!r}: field 'inputs': table {function.table!r} has no column {name!r}; "
                     f"it has {', '.join(n for n in schema.names if not n.startswith('_gpufn'))}")
         for f in wanted:
+            if f.name in schema.names and not is_function_column(schema.field(f.name)):
+                raise FunctionDefinitionError(
+                    f"Function {function.name!r}: field 'column': {f.name!r} is a column of table {function.table!r} "
+                    "that no Function computes (its data would be overwritten); choose another column name")
             if f.name in schema.names and schema.field(f.name).type != f.type:
                 raise FunctionDefinitionError(
                     f"Function {function.name!r}: field 'output_type': column {f.name!r} of table "

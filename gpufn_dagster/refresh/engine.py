@@ -32,6 +32,7 @@ from typing import Any
 
 import lance
 import numpy as np
+from lance.commit import CommitConflictError
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -44,10 +45,15 @@ from .plan import FragmentWork, content_keys, field_ids, plan_fragments
 from .signature import FAILED, check_input_types, row_signatures, scan_expressions
 from .state import ColumnState, load_state, save_state
 from .upstream import check_upstream
-from .write import FragmentFileWriter, align_to_physical
+from .leftovers import WrittenFiles
+from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 ADDRESS = "_rowaddr"
 _COMMIT_ATTEMPTS = 5
+
+
+class CommitRefused(RuntimeError):
+    """Lance refused the refresh's commit for a reason other than a concurrent writer."""
 
 
 @dataclass
@@ -120,6 +126,7 @@ class RefreshResult:
     lease_wait_seconds: float
     errors: list[RowError]
     recovered: list[int]
+    leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
 
     @property
     def rows_per_second(self) -> float:
@@ -138,8 +145,9 @@ class _Attempt:
     """State shared by the fragment workers of one plan-compute-commit attempt."""
 
     def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
-                 report: Callable[[Progress], None] | None, report_every: float, progress: Progress, call: Any):
-        self.dataset, self.function, self.store = dataset, function, store
+                 written: WrittenFiles, report: Callable[[Progress], None] | None, report_every: float,
+                 progress: Progress, call: Any):
+        self.dataset, self.function, self.store, self.written = dataset, function, store, written
         self.report, self.report_every, self.progress = report, report_every, progress
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
@@ -236,8 +244,9 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
         attempt.advance(item.live_rows, result.outcome)
         return result
     fragment = attempt.dataset.get_fragment(item.fragment_id)
-    writer = FragmentFileWriter(attempt.dataset, f"gpufn-{attempt.function.version}-{item.inputs_hash}",
-                                attempt.out_schema)
+    name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
+    attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
+    writer = FragmentFileWriter(attempt.dataset, name, attempt.out_schema)
     saved = attempt.store.chunks(item)
     next_offset = skip_until = 0
     total = Outcome()
@@ -350,12 +359,13 @@ def refresh_column(
             dataset = ensure_columns(table_uri, function)
             version_before = dataset.version
             store = CheckpointStore(dataset.uri, function.sig_column, function.version)
+            written = WrittenFiles(dataset.uri, function.sig_column)
             state = load_state(dataset.uri, function.sig_column)
             for _attempt in range(_COMMIT_ATTEMPTS):
                 work = plan_fragments(dataset, function, state)
                 visited += len(work)
                 progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
-                attempt = _Attempt(dataset, function, store, report, report_every, progress, call)
+                attempt = _Attempt(dataset, function, store, written, report, report_every, progress, call)
                 with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
                     results = list(pool.map(functools.partial(_refresh_fragment, attempt), work))
                 call = attempt.call
@@ -374,13 +384,18 @@ def refresh_column(
                         commit_message=f"gpufn refresh {function.name} version {function.version}")
                     rewritten += len(groups)
                     break
-                except OSError:
-                    # An incompatible concurrent commit (compaction of a fragment we rewrote). Re-plan
+                except CommitConflictError:
+                    # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan
                     # on the latest version; finished fragments whose state did not change are reused
                     # from their checkpoints.
                     dataset = lance.dataset(table_uri)
+                except OSError as err:  # not a race: retrying cannot help, so say what Lance refused
+                    raise CommitRefused(
+                        f"Lance refused the commit of Function {function.name!r} to table {function.table!r} "
+                        f"(version {dataset.version}): {err}. Nothing was committed.") from err
             else:
-                raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row")
+                raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row to "
+                                   "concurrent writers of the same fragments (compaction?); run it again")
         finally:
             if call is not None and hasattr(call, "close"):
                 call.close()
@@ -388,6 +403,7 @@ def refresh_column(
         files = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
         save_state(dataset.uri, function.sig_column,
                    ColumnState(state.verified & current, state.failed_files & files))
+        files_removed = written.settle(dataset)
         store.clear()
     if report:
         report(progress)
@@ -397,4 +413,5 @@ def refresh_column(
         rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
         fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
         lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
+        leftover_files_removed=files_removed,
     )

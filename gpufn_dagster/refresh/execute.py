@@ -84,4 +84,25 @@ def call_function(
                     f"Function {function.name!r} failed on row address {int(row_addresses[i])}: {err!r}") from err
             out.append(None)
             errors.append(RowError(int(row_addresses[i]), repr(err), traceback.format_exc()))
-    return _to_array(out, function.output_type, inputs.num_rows), errors
+    try:
+        return _to_array(out, function.output_type, inputs.num_rows), errors
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return _convert_rows(function, out, row_addresses, errors)
+
+
+def _convert_rows(function: Function, out: list[Any], row_addresses: Sequence[int],
+                  errors: list[RowError]) -> tuple[pa.Array, list[RowError]]:
+    """Convert each returned value on its own, so a value of the wrong type fails its row alone
+    (under the error policy), naming the Function, the row and the types."""
+    values: list[pa.Array] = []
+    for i, value in enumerate(out):
+        try:
+            values.append(pa.array([value], type=function.output_type))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
+            message = (f"Function {function.name!r} returned {value!r} ({type(value).__name__}) for row address "
+                       f"{int(row_addresses[i])}, which is not a {function.output_type}: {err}")
+            if function.on_error == "fail":
+                raise FunctionFailed(message) from err
+            values.append(pa.nulls(1, function.output_type))
+            errors.append(RowError(int(row_addresses[i]), message, traceback.format_exc()))
+    return (pa.concat_arrays(values) if values else pa.array([], function.output_type)), errors

@@ -26,12 +26,17 @@ def storage_version(dataset: lance.LanceDataset) -> tuple[str, int, int]:
     return version, major, minor
 
 
+def data_file_name(prefix: str) -> str:
+    """A new, unique data file name (`<prefix>-<uuid>.lance`)."""
+    return f"{prefix}-{uuid.uuid4().hex}.lance"
+
+
 class FragmentFileWriter:
     """Streams one fragment's output batches into a Lance file aligned to its physical rows."""
 
-    def __init__(self, dataset: lance.LanceDataset, prefix: str, schema: pa.Schema):
+    def __init__(self, dataset: lance.LanceDataset, name: str, schema: pa.Schema):
         version, self.major, self.minor = storage_version(dataset)
-        self.name = f"{prefix}-{uuid.uuid4().hex}.lance"
+        self.name = name
         self.schema = schema
         self.writer = LanceFileWriter(f"{dataset.uri}/data/{self.name}", schema, version=version)
         self.rows = 0

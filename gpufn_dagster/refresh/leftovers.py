@@ -1,0 +1,50 @@
+"""Data files a killed or failed refresh wrote but never committed, removed by the next refresh.
+
+Each data file is noted (an empty marker under `<table>.lance/_gpufn/written/<signature column>/`)
+before it is written. After a refresh of the column commits, its own markers are dropped; the
+markers left by earlier refreshes name files that were never committed, or were committed by a
+refresh killed right after its commit -- so a leftover file is deleted only when no version of
+the table references it (time travel to an old version keeps working). The column's lease makes
+sure no other refresh of the column is writing meanwhile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lance
+
+
+class WrittenFiles:
+    """The data files refreshes of one column wrote, until a commit settles them."""
+
+    def __init__(self, table_uri: str, sig_column: str):
+        self.table_uri = table_uri
+        self.dir = Path(table_uri) / "_gpufn" / "written" / sig_column
+        self.created: set[str] = set()
+
+    def note(self, name: str) -> None:
+        """Record a data file before it is written."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / name).touch()
+        self.created.add(name)
+
+    def settle(self, dataset: lance.LanceDataset) -> int:
+        """After this refresh committed (or found nothing to commit): forget its own files and delete
+        earlier refreshes' files that no version references; returns how many were deleted."""
+        for name in self.created:
+            (self.dir / name).unlink(missing_ok=True)
+        leftovers = {p.name for p in self.dir.iterdir()} - self.created if self.dir.exists() else set()
+        if not leftovers:
+            return 0
+        referenced: set[str] = set()
+        for version in dataset.versions():
+            old = lance.dataset(self.table_uri, version=version["version"])
+            referenced |= {f.path for fragment in old.get_fragments() for f in fragment.metadata.files}
+        deleted = 0
+        for name in leftovers:
+            if name not in referenced:
+                (Path(dataset.uri) / "data" / name).unlink(missing_ok=True)
+                deleted += 1
+            (self.dir / name).unlink(missing_ok=True)
+        return deleted
