@@ -208,3 +208,25 @@ def test_terminating_a_waiting_gpu_run_cancels_it_at_once(cluster, core, namespa
     assert any("Canceled before its run worker started" in m for m in messages(instance, run_id))
     wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
              what="pod deleted")
+
+
+def test_a_pod_its_job_is_replacing_is_reported_not_failed(cluster, core, namespace, instance, watcher,
+                                                           full_a100_pool):
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    # A quota that admits no further pod holds the Job's replacement back, so the tick sees the Job
+    # alive with no pod (as right after a spot node is lost), deterministically.
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-more-pods"},
+                                                      "spec": {"hard": {"pods": str(len(full_a100_pool))}}})
+    wait_for(lambda: (core.read_namespaced_resource_quota("no-more-pods", namespace).status.used or {}).get("pods"),
+             what="quota usage computed")
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}", grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="run pod gone")
+    report = watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.STARTING and run.tags["gpufn/capacity"] == "replacing"
+    assert report.failed_runs == []
+    assert any("pod is gone (deleted, or its node was lost); its Job" in m for m in messages(instance, run_id))
+    core.delete_namespaced_resource_quota("no-more-pods", namespace)
