@@ -82,6 +82,12 @@ def _name(obj: Any) -> str:
     return obj.metadata.name
 
 
+def _job_of(pod: Any) -> tuple[str, str] | None:
+    """(name, namespace) of the Job that owns a pod, from the label the Job controller sets."""
+    name = (pod.metadata.labels or {}).get("job-name")
+    return (name, pod.metadata.namespace) if name else None
+
+
 def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
 
@@ -166,10 +172,10 @@ class CapacityWatcher:
             stats.waiting += 1
             stats.longest_wait_seconds = max(stats.longest_wait_seconds, waited)
             if gpu_class.max_wait is not None and waited > gpu_class.max_wait.total_seconds():
-                self._fail(run, pod, "timed-out", report,
+                self._fail(run, "timed-out", report,
                            f"Gave up waiting for GPU capacity of class {gpu_class.name!r} after {waited:.0f}s "
                            f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
-                           f"Last scheduler message: {verdict.message}")
+                           f"Last scheduler message: {verdict.message}", job=_job_of(pod))
                 return
             # What the last event said, as a tag: ticks may run in a fresh process each time. The
             # position is not part of it, or every wait would be re-reported whenever the queue moves.
@@ -200,7 +206,7 @@ class CapacityWatcher:
                 self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "scheduled",
                                                         CAPACITY_REASON_TAG: tag_value(f"on {verdict.node}")})
         elif verdict.state is State.NEVER_FITS:
-            self._fail(run, pod, "never-fits", report, f"This run can never start: {verdict.message}")
+            self._fail(run, "never-fits", report, f"This run can never start: {verdict.message}", job=_job_of(pod))
         elif verdict.state in (State.GATED, State.FAILING) and previous != verdict.state.value:
             what = ("held by scheduling gates (not a capacity wait)" if verdict.state is State.GATED
                     else f"pod is failing to start: {verdict.reason} (not a capacity wait)")
@@ -211,43 +217,32 @@ class CapacityWatcher:
         """A STARTING GPU run with no pod: its Job is making a new one, has failed, or is gone."""
         if job is None:
             # Listed before this run's Job existed? Ask for it by its run id before failing anything.
-            found = self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
-                               label_selector=f"dagster/run-id={run.run_id}")
-            if found:
+            if self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
+                          label_selector=f"dagster/run-id={run.run_id}"):
                 return
-            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "lost"})
-            self.instance.report_run_failed(
-                run, "The GPU run's Kubernetes Job and pod are gone before its run worker started (deleted, or "
-                     "its node was lost); re-execute the run.")
-            report.failed_runs.append(run.run_id)
+            self._fail(run, "lost", report, "The GPU run's Kubernetes Job and pod are gone before its run worker "
+                                            "started (deleted, or its node was lost); re-execute the run.")
             return
         failed = next((c for c in job.status.conditions or [] if c.type == "Failed" and c.status == "True"), None)
         if failed is not None:
-            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "lost"})
-            self._delete_job_object(job, report)
-            self.instance.report_run_failed(
-                run, f"The GPU run's Kubernetes Job {_name(job)} failed before its run worker started: "
-                     f"{failed.reason}: {failed.message}")
-            report.failed_runs.append(run.run_id)
+            self._fail(run, "lost", report, f"The GPU run's Kubernetes Job {_name(job)} failed before its run worker "
+                                            f"started: {failed.reason}: {failed.message}",
+                       job=(_name(job), job.metadata.namespace))
         elif run.tags.get(CAPACITY_TAG) in ("waiting", "scheduled", "gated", "failing"):  # it had a pod
             self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: "replacing"})
             self._event(run, f"The GPU run's pod is gone (deleted, or its node was lost); its Job {_name(job)} "
                              "is creating a new one", {"Job": _name(job)})
 
-    def _delete_job_object(self, job, report: TickReport) -> None:
-        self._api(self.batch.delete_namespaced_job, _name(job), job.metadata.namespace,
-                  propagation_policy="Background")
-        report.deleted_jobs.append(_name(job))
+    def _delete_job(self, name: str, namespace: str, report: TickReport) -> None:
+        self._api(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+        report.deleted_jobs.append(name)
 
-    def _delete_job(self, pod, report: TickReport) -> None:
-        job = (pod.metadata.labels or {}).get("job-name")
-        if job:
-            self._api(self.batch.delete_namespaced_job, job, pod.metadata.namespace, propagation_policy="Background")
-            report.deleted_jobs.append(job)
-
-    def _fail(self, run, pod, state: str, report: TickReport, message: str) -> None:
+    def _fail(self, run, state: str, report: TickReport, message: str,
+              job: tuple[str, str] | None = None) -> None:
+        """Fail the run with that reason, deleting its Job (name, namespace) if it has one."""
         self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: state})
-        self._delete_job(pod, report)
+        if job is not None:
+            self._delete_job(*job, report)
         self.instance.report_run_failed(run, message)
         report.failed_runs.append(run.run_id)
 
@@ -259,7 +254,7 @@ class CapacityWatcher:
         for job in active:
             run = runs.get(_run_id(job))
             if run is not None and run.status in _FINISHED and _name(job) not in report.deleted_jobs:
-                self._delete_job_object(job, report)
+                self._delete_job(_name(job), job.metadata.namespace, report)
                 self.instance.report_engine_event(
                     f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
                     "waiting or running", run, cls=self.__class__)

@@ -49,12 +49,11 @@ def upstream_functions(function: Function, functions: Sequence[Function]) -> lis
 def chain_functions(assets: Sequence[Any]) -> list[Any]:
     """The assets, each Function asset depending also on the Function assets whose columns it reads."""
     functions = _functions(assets)
-    key_of = {id(f): key for key, f in functions.items()}
     out = []
     for asset in assets:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
-        upstream = [dg.AssetKey(key_of[id(u)].path) for u in upstream_functions(function, list(functions.values()))
-                    ] if function else []
+        reads = upstream_functions(function, list(functions.values())) if function else []
+        upstream = [key for key, other in functions.items() if any(other is u for u in reads)]
         if upstream:
             asset = asset.map_asset_specs(lambda spec, up=upstream: spec.replace_attributes(
                 deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})]))

@@ -29,10 +29,10 @@ def qualified_name_problem(key: str) -> str | None:
     if slash:
         if not prefix:
             return "prefix before '/' must not be empty"
-        if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
-            return "prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)"
         if "/" in prefix:
             return "at most one '/' is allowed"
+        if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
+            return "prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)"
     if not name or len(name) > 63 or not _NAME.fullmatch(name):
         return _NAME_RULE
     return None

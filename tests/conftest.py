@@ -94,6 +94,22 @@ def cluster() -> Iterator:
         yield running
 
 
+def launcher_at(tmp_path: Path, server: str, classes_dir: Path) -> dict:
+    """A GpuK8sRunLauncher config whose kubeconfig points at `server` (an API server that is down or frozen)."""
+    import yaml
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
+        "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": "default",
+        "load_incluster_config": False, "kubeconfig_file": str(kubeconfig), "job_image": "img",
+        "classes_dir": str(classes_dir)}}
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ from dagster import DagsterInstance
 from gpufn_dagster.capacity_watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
-from .conftest import CLASSES
+from .conftest import CLASSES, launcher_at
 
 
 def test_a_frozen_api_server_ends_the_tick_instead_of_blocking_it():
@@ -37,7 +37,6 @@ def test_a_frozen_api_server_ends_the_tick_instead_of_blocking_it():
 
 def test_the_sensor_says_a_tick_could_not_finish(tmp_path):
     import dagster as dg
-    import yaml
     from dagster._core.test_utils import instance_for_test
 
     from gpufn_dagster.capacity_watch import capacity_sensor
@@ -47,16 +46,7 @@ def test_the_sensor_says_a_tick_could_not_finish(tmp_path):
         frozen.bind(("127.0.0.1", 0))
         frozen.listen(16)
         host = f"https://127.0.0.1:{frozen.getsockname()[1]}"
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "frozen",
-            "clusters": [{"name": "frozen", "cluster": {"server": host, "insecure-skip-tls-verify": True}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "frozen", "context": {"cluster": "frozen", "user": "u"}}]}))
-        launcher = {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
-            "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": "default",
-            "load_incluster_config": False, "kubeconfig_file": str(kubeconfig), "job_image": "img",
-            "classes_dir": str(CLASSES)}}
+        launcher = launcher_at(tmp_path, host, CLASSES)
         with instance_for_test(overrides={"run_launcher": launcher}) as instance:
             sensor = capacity_sensor(request_timeout=(1.0, 1.0))
             started = time.monotonic()

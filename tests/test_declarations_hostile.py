@@ -3,8 +3,9 @@ field, or reported with Lance's own reason -- never a run that computes every ro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
-import lance
 import lancedb
 import pyarrow as pa
 import pytest
@@ -110,16 +111,21 @@ def test_a_concurrent_compaction_is_retried_as_a_race(db_uri):
     assert lancedb.connect(db_uri).open_table("docs").count_rows("u IS NULL") == 0
 
 
-def test_a_commit_lance_refuses_is_reported_not_retried(db_uri, monkeypatch):
+def test_a_commit_lance_refuses_is_reported_not_retried(db_uri):
+    """The object store loses a data file the refresh wrote (a lifecycle rule, a hand clean-up):
+    Lance refuses the commit as a missing file -- not a race -- so it is reported, not retried."""
     table = docs(db_uri, 10)
-    attempts = []
+    table.add(pa.table({"id": list(range(10, 20)), "text": [f"doc {i}" for i in range(10, 20)], "title": ["t"] * 10}))
+    data = Path(table.to_lance().uri) / "data"
 
-    def refuse(*args, **kwargs):
-        attempts.append(1)
-        raise OSError("LanceError(IO): not enough space left on the object store")
+    def losing(text: str) -> str:
+        if text == "doc 10":  # the first fragment's file is written; it vanishes before the commit
+            for written in data.glob("gpufn-*.lance"):
+                written.unlink()
+        CALLS.append(text)
+        return text.upper()
 
-    monkeypatch.setattr(lance.LanceDataset, "commit", staticmethod(refuse))
     with pytest.raises(CommitRefused, match=r"Lance refused the commit of Function 'docs__u' to table 'docs' "
-                                            r"\(version \d+\): LanceError\(IO\): not enough space"):
-        refresh_column(table.to_lance().uri, make_function(upper, table="docs", column="u"))
-    assert attempts == [1]
+                                            r"\(version \d+\): .*Not found"):
+        refresh_column(table.to_lance().uri, make_function(losing, table="docs", column="u"), concurrency=1)
+    assert len(CALLS) == 20  # computed once; a retry would have computed the lost fragment again

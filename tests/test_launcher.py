@@ -17,7 +17,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from .conftest import wait_for
+from .conftest import launcher_at, wait_for
 
 pytestmark = pytest.mark.k8s
 DEFS = Path(__file__).with_name("k8s_defs.py")
@@ -320,16 +320,7 @@ def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "down",
-        "clusters": [{"name": "down", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
-    config = {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
-        "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": "default",
-        "load_incluster_config": False, "kubeconfig_file": str(kubeconfig), "job_image": "img",
-        "classes_dir": str(classes_dir)}}
+    config = launcher_at(tmp_path, f"https://127.0.0.1:{port}", classes_dir)
     overrides = {"run_launcher": config,
                  "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
     with instance_for_test(overrides=overrides) as instance:

@@ -32,20 +32,20 @@ from typing import Any
 
 import lance
 import numpy as np
-from lance.commit import CommitConflictError
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.commit import CommitConflictError
 
 from ..functions import Function
 from .checkpoint import CheckpointStore
 from .columns import ensure_columns
 from .execute import RowError, call_function
 from .lease import DEFAULT_TTL, ColumnLease
+from .leftovers import WrittenFiles
 from .plan import FragmentWork, content_keys, field_ids, plan_fragments
 from .signature import FAILED, check_input_types, row_signatures, scan_expressions
 from .state import ColumnState, load_state, save_state
 from .upstream import check_upstream
-from .leftovers import WrittenFiles
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 ADDRESS = "_rowaddr"

@@ -95,9 +95,10 @@ class ColumnLease:
             current = self._read()
             if current is None:
                 continue
-            if current["expires_at"] < time.time() or self._dead(current):
+            dead = self._dead(current)
+            if dead or current["expires_at"] < time.time():
                 if self.on_wait:
-                    why = ("its process is gone" if self._dead(current) else
+                    why = ("its process is gone" if dead else
                            f"it expired {time.time() - current['expires_at']:.0f}s ago without being renewed")
                     self.on_wait(f"the refresh lease of {current['holder']} (pid {current['pid']} on "
                                  f"{current['host']}) is void: {why}; taking it over")

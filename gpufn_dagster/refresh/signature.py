@@ -99,9 +99,7 @@ def _fixed_hashes(array: pa.Array, width: int) -> np.ndarray:
     if width in (1, 2, 4, 8):
         words = raw.view(f"<u{width}").astype(np.uint64).reshape(n, 1)
     else:
-        padded = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)
-        padded[:, :width] = raw.reshape(n, width)
-        words = padded.view("<u8")
+        words = _words(raw, n, width)
     h = np.full(n, _S_VALUE ^ np.uint64(width), dtype=np.uint64)
     for column in words.T:
         h = _mix(h ^ column)
