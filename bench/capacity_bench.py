@@ -17,9 +17,9 @@ import kubernetes
 from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from gpufn_dagster.capacity_watch import CapacityWatcher
+from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
-from gpufn_dagster.devcluster.cluster import DevCluster, binaries_dir
+from gpufn_devcluster.cluster import DevCluster, binaries_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -69,12 +69,12 @@ def timed_pod_specs(launcher, instance, runs) -> list[float]:
 
 def timed_resolution(instance, runs) -> list[float]:
     """Class resolution only: read the run's execution plan, take its steps' GPU tags, resolve the class."""
-    from gpufn_dagster.launcher import placement_for_run
+    from gpufn_dagster.run.shared import plan_run
 
     times = []
     for run in runs:
         started = time.perf_counter()
-        placement_for_run(instance, run, str(REPO / "classes"))
+        plan_run(instance, run, str(REPO / "classes"), step_pods=False)
         times.append((time.perf_counter() - started) * 1000)
     return times
 

@@ -16,13 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .classes import GpuClassError, list_gpu_classes
+from .classes import list_gpu_classes
+from .errors import ApiConfigError, GpuClassError
 
 TOKEN_ENV = "GPUFN_API_TOKEN"
-
-
-class ApiConfigError(ValueError):
-    """The API's own configuration is unsafe or invalid (e.g. an empty token)."""
 
 
 def create_app(classes_dir: str | None = None, token: str | None = None) -> Starlette:

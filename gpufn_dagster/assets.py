@@ -2,31 +2,32 @@
 
 The asset carries its GPU class as tags (`gpufn/gpu-class`, `gpufn/gpu-count`) on the asset and
 on its op, so the run launcher can resolve placement from the asset graph and step launchers
-from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`).
+from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`). The Function spec itself
+rides on the asset under one metadata key (`FUNCTION_METADATA_KEY`, as dagster-dbt and
+dagster-sling carry their manifest and translator), so `function_of(asset)` reads it back from
+the asset and no registry outside the definitions can go stale or be silently replaced.
 """
-
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
+from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
-from .classes import GpuClass, cached_gpu_classes, classes_dir
-from .functions import ErrorPolicy, Function, FunctionDefinitionError, make_function
-from .local import visible_devices
-from .placement import Placement, placement_k8s_config
+from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir
+from .errors import FunctionDefinitionError
+from .functions import Function, make_function
+from .options import document_options
 from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
-from .tags import GPU_CLASS_TAG, GPU_COUNT_TAG, K8S_CONFIG_TAG, gpu_tags
-
-# The Function spec behind each Function asset, by key; a later definition of a key replaces it.
-_FUNCTIONS: dict[dg.AssetKey, Function] = {}
-# Where a Function was declared when that was a YAML file (for error messages), by key.
-DECLARED_IN: dict[dg.AssetKey, str] = {}
+from .run.placement import Placement, placement_k8s_config
+from .run.shared import visible_devices
+from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, READS_METADATA_KEY,
+                   gpu_tags)
 
 ERRORS_TABLE = "gpufn_errors"
 # One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
@@ -39,15 +40,15 @@ ERRORS_SCHEMA = pa.schema([
 ])
 
 
-def resolve_class(function: Function, directory: str | os.PathLike[str] | None = None) -> GpuClass:
+def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClass:
     """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
-    path = classes_dir(directory)
-    classes = cached_gpu_classes(path)
+    directory = resolve_classes_dir(classes_dir)
+    classes = cached_gpu_classes(directory)
     label = f"Function {function.name!r}"
     if function.gpu_class not in classes:
         raise FunctionDefinitionError(
             f"{label}: field 'gpu_class': unknown GPU class {function.gpu_class!r}; "
-            f"classes in {path}: {', '.join(sorted(classes))}")
+            f"classes in {directory}: {', '.join(sorted(classes))}")
     gpu_class = classes[function.gpu_class]
     if function.gpu_count > gpu_class.max_gpu_count_per_worker:
         raise FunctionDefinitionError(
@@ -102,9 +103,51 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
     return metadata
 
 
-def function_asset(function: Function, *, classes: str | os.PathLike[str] | None = None) -> dg.AssetsDefinition:
-    """A Dagster asset whose materialization refreshes the Function's column."""
-    gpu_class = resolve_class(function, classes) if function.gpu else None
+def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, Any]:
+    """What the asset page shows about the Function, plus the spec itself under its key."""
+    return {
+        "table": function.table,
+        "columns": ", ".join(function.columns),
+        "inputs": ", ".join(function.inputs),
+        "output_type": str(function.output_type),
+        "function_version": function.version,
+        "batch_size": function.batch_size,
+        "on_error": function.on_error,
+        **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
+        **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),
+        FUNCTION_METADATA_KEY: ObjectMetadataValue(function),
+    }
+
+
+def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
+                 gpu_class: GpuClass | None) -> dg.MaterializeResult:
+    """One materialization: refresh the column, record failed rows, report what happened."""
+    devices = visible_devices(context.run.tags, gpu_class.local.devices) if gpu_class else None
+    if devices is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices  # embedded mode: the device of this run's local slot
+    context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
+                     f"(Function version {function.version}"
+                     + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
+    def report(progress: Progress) -> None:
+        context.log.info(f"{function.name}: {progress.line()}")
+
+    result = refresh_column(lancedb.table_uri(function.table), function, report=report, upstream=reads(context.assets_def),
+                            holder=f"run {context.run.run_id}", on_wait=context.log.info)
+    _record_errors(lancedb, function, result, context.run.run_id)
+    return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
+
+
+def function_asset(function: Function, *, classes_dir: ClassesDir = None,
+                   declared_in: str | None = None) -> dg.AssetsDefinition:
+    """A Dagster asset whose materialization refreshes the Function's column.
+
+    Args:
+        function: the spec (see `make_function`).
+        classes_dir: the GPU class files its class is checked against (default `$GPUFN_CLASSES_DIR`
+            or `./classes`).
+        declared_in: the file that declared it (YAML), named in load errors.
+    """
+    gpu_class = resolve_class(function, classes_dir) if function.gpu else None
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
     op_tags = dict(tags)
     if gpu_class is not None:
@@ -120,79 +163,24 @@ def function_asset(function: Function, *, classes: str | os.PathLike[str] | None
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,
-        metadata={
-            "table": function.table,
-            "columns": ", ".join(function.columns),
-            "inputs": ", ".join(function.inputs),
-            "output_type": str(function.output_type),
-            "function_version": function.version,
-            "batch_size": function.batch_size,
-            "on_error": function.on_error,
-            **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
-        },
+        metadata=_asset_metadata(function, declared_in),
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
-        def report(progress: Progress) -> None:
-            context.log.info(f"{function.name}: {progress.line()}")
+        return _materialize(context, lancedb, function, gpu_class)
 
-        devices = visible_devices(context.run.tags, gpu_class.local.devices) if gpu_class else None
-        if devices is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-            os.environ["CUDA_VISIBLE_DEVICES"] = devices  # embedded mode: the device of this run's local slot
-        context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
-                         f"(Function version {function.version}"
-                         + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
-        upstream = [f for spec in context.assets_def.specs for dep in spec.deps
-                    if (f := function_of(dep.asset_key)) is not None]
-        result = refresh_column(lancedb.table_uri(function.table), function, report=report, upstream=upstream,
-                                holder=f"run {context.run.run_id}", on_wait=context.log.info)
-        _record_errors(lancedb, function, result, context.run.run_id)
-        return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
-
-    _FUNCTIONS[_refresh.key] = function
-    DECLARED_IN.pop(_refresh.key, None)  # set again by the YAML component that declared it, if any
     return _refresh
 
 
-def gpu_function(
-    *,
-    table: str,
-    column: str | Sequence[str],
-    output_type: pa.DataType | None = None,
-    inputs: Sequence[str] | None = None,
-    gpu: bool | None = None,
-    gpu_class: str | None = None,
-    gpu_count: int = 1,
-    batch_size: int = 1024,
-    on_error: ErrorPolicy = "fail",
-    init: dict[str, Any] | None = None,
-    name: str | None = None,
-    source_asset: str | None = None,
-    group_name: str | None = None,
-    checkpoint_seconds: float = 10.0,
-    version: str | None = None,
-    description: str | None = None,
-    classes: str | os.PathLike[str] | None = None,
-) -> Callable[[Any], dg.AssetsDefinition]:
+@document_options
+def gpu_function(**options: Any) -> Callable[[Any], dg.AssetsDefinition]:
     """Decorate a function, class or `lancedb.udf` definition to make it a Function asset.
 
     A Function is a GPU Function when `gpu=True`, when it names a `gpu_class`, or when its
     `lancedb.udf` definition says `gpu=True`; one without a class runs on the `default` class.
+    The same options declare a Function in YAML (`gpufn_dagster.components.FunctionColumn`).
 
     Args:
-        table: the LanceDB table whose column(s) the Function computes.
-        column: the output column, or several filled from a struct output.
-        output_type: the Arrow type of one value (inferred from a row Function's return annotation).
-        inputs: the input columns (default: the callable's parameter names).
-        gpu, gpu_class, gpu_count: where it runs (see the GPU classes); `gpu_count` per worker.
-        batch_size: rows per call of a batch Function, and per checkpointed batch.
-        on_error: "fail" stops the refresh on the first failing row; "skip" leaves that row NULL,
-            records it in the `gpufn_errors` table, and retries it on the next refresh.
-        init: keyword arguments for a class's constructor.
-        name, source_asset, group_name, description: the asset's key, upstream asset, group and text.
-        checkpoint_seconds: how much work a killed refresh may repeat (0: checkpoint every batch).
-        version: pin the Function version (e.g. a release name); by default it is a digest of the
-            code and of the project code and constants it references, so editing them recomputes.
-        classes: the directory of GPU class files (default `$GPUFN_CLASSES_DIR` or `./classes`).
+        {options}
 
     Example:
         >>> import pyarrow as pa
@@ -200,29 +188,41 @@ def gpu_function(
         ...               gpu_class="l4", batch_size=256)
         ... def embed(text: pa.Array) -> pa.Array:
         ...     return pa.array([[float(len(t)), 0.0] for t in text.to_pylist()], pa.list_(pa.float32(), 2))
-        >>> embed.key.to_user_string(), embed.op.tags["gpufn/gpu-class"]
-        ('docs__embedding', 'l4')
+        >>> embed.key.to_user_string(), embed.op.tags["gpufn/gpu-class"], function_of(embed).batch_size
+        ('docs__embedding', 'l4', 256)
     """
 
     def decorate(target: Any) -> dg.AssetsDefinition:
-        function = make_function(
-            target, table=table, column=column, output_type=output_type, inputs=inputs, gpu=gpu,
-            gpu_class=gpu_class, gpu_count=gpu_count, batch_size=batch_size, on_error=on_error, init=init,
-            name=name, source_asset=source_asset, group_name=group_name, checkpoint_seconds=checkpoint_seconds,
-            version=version, description=description,
-        )
-        return function_asset(function, classes=classes)
+        return function_asset(make_function(target, **options), classes_dir=options.get("classes_dir"))
 
     return decorate
 
 
-def function_of(asset: dg.AssetsDefinition | dg.AssetKey) -> Function | None:
-    """The Function behind an asset made by `gpu_function` (by key: Dagster copies asset objects)."""
-    if isinstance(asset, dg.AssetsDefinition):
-        if len(asset.keys) != 1:
-            return None
-        asset = asset.key
-    return _FUNCTIONS.get(asset)
+def _spec_metadata(asset: dg.AssetsDefinition | dg.AssetSpec) -> Any:
+    if isinstance(asset, dg.AssetSpec):
+        return asset.metadata
+    if len(asset.keys) != 1:
+        return {}
+    return asset.specs_by_key[asset.key].metadata
 
 
-__all__ = ["gpu_function", "function_asset", "function_of", "GPU_CLASS_TAG", "GPU_COUNT_TAG"]
+def function_of(asset: dg.AssetsDefinition | dg.AssetSpec) -> Function | None:
+    """The Function behind an asset made by `gpu_function` (None for any other asset).
+
+    It is read from the asset's metadata, so it survives Dagster's copies of the asset
+    (`map_asset_specs`, `Definitions.merge`) and cannot be replaced behind the asset's back.
+    """
+    value = _spec_metadata(asset).get(FUNCTION_METADATA_KEY)
+    return value.instance if isinstance(value, ObjectMetadataValue) else None
+
+
+def reads(asset: dg.AssetsDefinition) -> tuple[Function, ...]:
+    """The Functions whose output columns this Function asset reads (recorded by `build_definitions`)."""
+    value = _spec_metadata(asset).get(READS_METADATA_KEY)
+    return value.instance if isinstance(value, ObjectMetadataValue) else ()
+
+
+def declared_in(asset: dg.AssetsDefinition) -> str | None:
+    """The YAML file that declared a Function asset, None when it was declared in Python."""
+    value = _spec_metadata(asset).get(DECLARED_IN_METADATA_KEY)
+    return getattr(value, "value", value)

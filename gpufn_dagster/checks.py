@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import dagster as dg
 
 from .assets import function_of
+from .errors import FunctionDefinitionError
 from .refresh.signature import FAILED
 from .resources import LanceDBResource
 
@@ -37,7 +38,8 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
     """
     function = function_of(asset)
     if function is None:
-        raise ValueError(f"{asset.key.to_user_string()} is not a gpu_function asset")
+        raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
+                                      "column to check")
     sig = f"`{function.sig_column}`"
 
     @dg.asset_check(asset=asset.key, name="no_unfilled_rows", blocking=False,

@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from kubernetes.utils.quantity import parse_quantity
-
-from .k8s_syntax import extended_resource_problem, label_value_problem, qualified_name_problem, quantity_problem
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -30,6 +27,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from .errors import GpuClassError
+from .k8s_syntax import (extended_resource_problem, label_value_problem, parse_quantity, qualified_name_problem,
+                         quantity_problem)
 
 DEFAULT_CLASS = "default"
 CLASSES_DIR_ENV = "GPUFN_CLASSES_DIR"
@@ -43,10 +44,6 @@ MAX_DEPTH = 32
 _CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class GpuClassError(ValueError):
-    """One or more class files are invalid; the message lists every problem found."""
 
 
 def parse_bytes(value: Any) -> Any:
@@ -117,10 +114,9 @@ class Toleration(_Strict):
         return self
 
     def to_k8s(self) -> dict[str, Any]:
-        """The toleration as the Kubernetes API spells it (camelCase, no empty fields)."""
-        out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
-               "tolerationSeconds": self.toleration_seconds}
-        return {k: v for k, v in out.items() if v is not None}
+        """The toleration as dagster-k8s config and the Kubernetes client's models spell it (snake_case,
+        no empty fields): the one converter, used for pods, step pods and fake nodes alike."""
+        return self.model_dump(exclude_none=True)
 
 
 class NodeSelectorRequirement(_Strict):
@@ -230,9 +226,16 @@ class GpuClass(_Strict):
         }
 
 
-def classes_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """Where class files live: the argument, else $GPUFN_CLASSES_DIR, else ./classes."""
-    return Path(path or os.environ.get(CLASSES_DIR_ENV) or "classes")
+ClassesDir = str | os.PathLike[str] | None
+
+
+def resolve_classes_dir(classes_dir: ClassesDir = None) -> Path:
+    """Where class files live: the argument, else $GPUFN_CLASSES_DIR, else ./classes.
+
+    >>> str(resolve_classes_dir("/opt/gpufn/classes"))
+    '/opt/gpufn/classes'
+    """
+    return Path(classes_dir or os.environ.get(CLASSES_DIR_ENV) or "classes")
 
 
 def _format_error(file: Path, class_name: str, err: ValidationError) -> list[str]:
@@ -265,9 +268,9 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def class_files(directory: Path) -> list[Path]:
+def class_files(classes_dir: Path) -> list[Path]:
     """The class files of a directory: `*.yaml` and `*.yml`, hidden ones (editor lock files) left out."""
-    return sorted(f for f in [*directory.glob("*.yaml"), *directory.glob("*.yml")] if not f.name.startswith("."))
+    return sorted(f for f in [*classes_dir.glob("*.yaml"), *classes_dir.glob("*.yml")] if not f.name.startswith("."))
 
 
 def _read(file: Path) -> tuple[Any, str | None]:
@@ -302,9 +305,13 @@ def _name_of(raw: dict, file: Path) -> str:
     return name if isinstance(name, str) and len(name) <= 100 else file.stem
 
 
-def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, GpuClass]:
-    """Load and validate every class file in the directory, or raise GpuClassError listing all problems."""
-    directory = classes_dir(path)
+def load_gpu_classes(classes_dir: ClassesDir = None) -> dict[str, GpuClass]:
+    """Load and validate every class file in the directory, or raise GpuClassError listing all problems.
+
+    Args:
+        classes_dir: the directory of class files (default `$GPUFN_CLASSES_DIR`, else `./classes`).
+    """
+    directory = resolve_classes_dir(classes_dir)
     if not directory.is_dir():
         raise GpuClassError(f"{directory}: GPU class directory not found (set {CLASSES_DIR_ENV})")
     problems: list[str] = []
@@ -336,9 +343,9 @@ def load_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, Gp
     return {name: gpu_class for name, (_, gpu_class) in loaded.items()}
 
 
-def _directory_stamp(directory: Path) -> tuple:
+def _directory_stamp(classes_dir: Path) -> tuple:
     stamps = []
-    for f in class_files(directory):
+    for f in class_files(classes_dir):
         try:
             stat = f.stat()
             stamps.append((f.name, stat.st_mtime_ns, stat.st_size))
@@ -348,18 +355,22 @@ def _directory_stamp(directory: Path) -> tuple:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached(directory: str, _stamp: tuple) -> dict[str, GpuClass]:
-    return load_gpu_classes(directory)
+def _cached(classes_dir: str, _stamp: tuple) -> dict[str, GpuClass]:
+    return load_gpu_classes(classes_dir)
 
 
-def cached_gpu_classes(path: str | os.PathLike[str] | None = None) -> dict[str, GpuClass]:
+def cached_gpu_classes(classes_dir: ClassesDir = None) -> dict[str, GpuClass]:
     """load_gpu_classes, re-read only when a class file changed (launchers call this per run)."""
-    directory = classes_dir(path)
+    directory = resolve_classes_dir(classes_dir)
     if not directory.is_dir():
         return load_gpu_classes(directory)  # raises the not-found error
     return _cached(str(directory.resolve()), _directory_stamp(directory))
 
 
-def list_gpu_classes(path: str | os.PathLike[str] | None = None) -> list[GpuClass]:
-    """The configured GPU classes, sorted by name."""
-    return sorted(load_gpu_classes(path).values(), key=lambda c: c.name)
+def list_gpu_classes(classes_dir: ClassesDir = None) -> list[GpuClass]:
+    """The configured GPU classes, sorted by name.
+
+    Args:
+        classes_dir: the directory of class files (default `$GPUFN_CLASSES_DIR`, else `./classes`).
+    """
+    return sorted(load_gpu_classes(classes_dir).values(), key=lambda c: c.name)

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from .classes import GpuClassError, list_gpu_classes
+from .classes import list_gpu_classes
+from .errors import GpuClassError
 
 
 def _gib(value: int) -> str:
@@ -21,12 +22,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory (default ./classes).")
+@click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory (default ./classes).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def classes(directory: str | None, as_json: bool) -> None:
+def classes(classes_dir: str | None, as_json: bool) -> None:
     """List the configured GPU classes."""
     try:
-        found = list_gpu_classes(directory)
+        found = list_gpu_classes(classes_dir)
     except GpuClassError as err:
         click.echo(str(err), err=True)
         sys.exit(2)
@@ -44,20 +45,21 @@ def classes(directory: str | None, as_json: bool) -> None:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)
-@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
+@click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
 @click.option("--token", envvar="GPUFN_API_TOKEN", default=None, help="Require this bearer token (or $GPUFN_API_TOKEN).")
 @click.option("--allow-unauthenticated", is_flag=True,
               help="Serve a non-loopback address without a token (anyone who reaches it can read the classes).")
-def serve(host: str, port: int, directory: str | None, token: str | None, allow_unauthenticated: bool) -> None:
+def serve(host: str, port: int, classes_dir: str | None, token: str | None, allow_unauthenticated: bool) -> None:
     """Serve GET /v1/gpu/classes."""
     import ipaddress
 
     import uvicorn
 
-    from .api import ApiConfigError, create_app
+    from .api import create_app
+    from .errors import ApiConfigError
 
     try:
-        app = create_app(directory, token)
+        app = create_app(classes_dir, token)
     except ApiConfigError as err:
         raise click.BadParameter(str(err), param_hint="--token / $GPUFN_API_TOKEN") from None
     if not token:
@@ -77,13 +79,17 @@ def serve(host: str, port: int, directory: str | None, token: str | None, allow_
 @main.command()
 @click.option("--nodes-per-class", default=2, show_default=True)
 @click.option("--cpu-nodes", default=2, show_default=True)
-@click.option("--dir", "directory", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
-def devcluster(nodes_per_class: int, cpu_nodes: int, directory: str | None) -> None:
-    """Run the development Kubernetes control plane with fake GPU pools until interrupted."""
-    from .devcluster.cluster import DevCluster, binaries_dir
+@click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
+def devcluster(nodes_per_class: int, cpu_nodes: int, classes_dir: str | None) -> None:
+    """Run the development Kubernetes control plane with fake GPU pools until interrupted (from a checkout)."""
+    try:
+        from gpufn_devcluster.cluster import DevCluster, binaries_dir
+    except ImportError as err:
+        raise click.ClickException(f"the development control plane is not installed ({err}); from a checkout of "
+                                   "gpufn-dagster: pip install -e '.[devcluster]'") from None
 
     with DevCluster(binaries_dir()) as cluster:
-        nodes = cluster.add_pools(list_gpu_classes(directory), nodes_per_class=nodes_per_class, cpu=cpu_nodes)
+        nodes = cluster.add_pools(list_gpu_classes(classes_dir), nodes_per_class=nodes_per_class, cpu=cpu_nodes)
         click.echo(f"control plane up in {cluster.started_seconds:.1f}s with {len(nodes)} nodes")
         click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
         click.echo("Ctrl-C stops it and removes everything.")
@@ -98,7 +104,7 @@ def capacity(as_json: bool) -> None:
     """Runs waiting for GPU capacity, per class (reads the Dagster instance in $DAGSTER_HOME)."""
     from dagster import DagsterInstance
 
-    from .capacity_watch import waiting_runs
+    from .run.shared import waiting_runs
 
     with DagsterInstance.get() as instance:
         waiting = waiting_runs(instance)

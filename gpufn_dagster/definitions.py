@@ -18,12 +18,15 @@ from typing import Any
 
 import dagster as dg
 import lancedb
+from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
-from .assets import DECLARED_IN, function_of
-from .functions import Function, FunctionDefinitionError
+from .assets import declared_in, function_of
+from .errors import FunctionDefinitionError
+from .functions import Function
 from .refresh.columns import is_function_column
 from .refresh.signature import unsupported_reason
 from .resources import LanceDBResource, default_db_uri
+from .tags import READS_METADATA_KEY
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -47,16 +50,21 @@ def upstream_functions(function: Function, functions: Sequence[Function]) -> lis
 
 
 def chain_functions(assets: Sequence[Any]) -> list[Any]:
-    """The assets, each Function asset depending also on the Function assets whose columns it reads."""
+    """The assets, each Function asset depending also on the Function assets whose columns it reads.
+
+    The Functions it reads are recorded on it too (`assets.reads`): its refresh refuses to start
+    while one of their columns is not current, however it is materialized.
+    """
     functions = _functions(assets)
     out = []
     for asset in assets:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
-        reads = upstream_functions(function, list(functions.values())) if function else []
-        upstream = [key for key, other in functions.items() if any(other is u for u in reads)]
-        if upstream:
-            asset = asset.map_asset_specs(lambda spec, up=upstream: spec.replace_attributes(
-                deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})]))
+        upstream = upstream_functions(function, list(functions.values())) if function else []
+        keys = [key for key, other in functions.items() if any(other is u for u in upstream)]
+        if keys:
+            asset = asset.map_asset_specs(lambda spec, up=keys, read=tuple(upstream): spec.replace_attributes(
+                deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})],
+                metadata={**spec.metadata, READS_METADATA_KEY: ObjectMetadataValue(read)}))
         out.append(asset)
     return out
 
@@ -73,7 +81,7 @@ def check_tables(assets: Sequence[Any], db_uri: str) -> None:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         if function is None:
             continue
-        where = f"{DECLARED_IN[asset.key]}: " if asset.key in DECLARED_IN else ""
+        where = f"{declared_in(asset)}: " if declared_in(asset) else ""
         if function.table not in existing:
             if dg.AssetKey(function.source_asset) not in keys:
                 problems.append(f"{where}Function {function.name!r}: field 'table': table {function.table!r} does not "

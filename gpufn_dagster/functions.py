@@ -17,14 +17,15 @@ import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 
 from .classes import DEFAULT_CLASS
+from .arrow_types import parse_arrow_type
 from .code_version import code_digest
-
-ErrorPolicy = Literal["fail", "skip"]
+from .errors import FunctionDefinitionError
+from .options import ErrorPolicy, FunctionOptions, document_options
 # Part of every Function version: bumped when what the engine stores per row changes (the
 # signature scheme), so each column is recomputed once after such an upgrade, never compared
 # across schemes.
@@ -35,41 +36,10 @@ _PY_TO_ARROW: dict[Any, pa.DataType] = {
 }
 
 
-class FunctionDefinitionError(ValueError):
-    """A Function's declaration does not fit its table, class or callable."""
-
-
 class CallStyle(enum.Enum):
     ROW = "row"
     ARRAYS = "arrays"
     RECORD_BATCH = "record_batch"
-
-
-def parse_arrow_type(spec: str) -> pa.DataType:
-    """Arrow types by name, as YAML and `output_type="..."` spell them; raises ValueError for others.
-
-    >>> parse_arrow_type("fixed_size_list<float32>[384]"), parse_arrow_type("struct<name: string, n: int64>")
-    (FixedSizeListType(fixed_size_list<item: float>[384]), StructType(struct<name: string, n: int64>))
-    """
-    text = spec.strip()
-    if match := re.fullmatch(r"fixed_size_list<(.+)>\[(\d+)\]", text):
-        return pa.list_(parse_arrow_type(match.group(1)), int(match.group(2)))
-    if match := re.fullmatch(r"list<(.+)>", text):
-        return pa.list_(parse_arrow_type(match.group(1)))
-    if match := re.fullmatch(r"large_list<(.+)>", text):
-        return pa.large_list(parse_arrow_type(match.group(1)))
-    if match := re.fullmatch(r"struct<(.+)>", text):
-        fields, depth, start = [], 0, 0
-        body = match.group(1)
-        for i, char in enumerate(body + ","):
-            depth += char == "<"
-            depth -= char == ">"
-            if char == "," and depth == 0:
-                name, _, type_spec = body[start:i].partition(":")
-                fields.append(pa.field(name.strip(), parse_arrow_type(type_spec)))
-                start = i + 1
-        return pa.struct(fields)
-    return pa.type_for_alias(text)
 
 
 def _annotation_to_arrow(annotation: Any) -> pa.DataType | None:
@@ -193,7 +163,7 @@ def _inferred_output_type(label: str, target: Any, style: CallStyle, annotation:
     if request is not None and request.signature.output.arrow_type:
         try:  # lancedb spells types the way YAML does ('int64', 'utf8', 'list<float64>')
             output_type = parse_arrow_type(request.signature.output.arrow_type)
-        except (ValueError, KeyError):
+        except ValueError:
             output_type = None
     if output_type is None:
         if style is CallStyle.ROW or typing.get_origin(annotation) is typing.Annotated:
@@ -208,69 +178,94 @@ def _inferred_output_type(label: str, target: Any, style: CallStyle, annotation:
     return output_type
 
 
-def make_function(
-    target: Any,
-    *,
-    table: str,
-    column: str | Sequence[str],
-    output_type: pa.DataType | None = None,
-    inputs: Sequence[str] | None = None,
-    gpu: bool | None = None,
-    gpu_class: str | None = None,
-    gpu_count: int = 1,
-    batch_size: int = 1024,
-    on_error: ErrorPolicy = "fail",
-    init: Mapping[str, Any] | None = None,
-    name: str | None = None,
-    source_asset: str | None = None,
-    version: str | None = None,
-    description: str | None = None,
-    group_name: str | None = None,
-    checkpoint_seconds: float = 10.0,
-) -> Function:
-    """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec."""
-    original = _unwrap(target)
-    is_class = inspect.isclass(original)
-    label = f"Function {name or getattr(original, '__name__', '?')!r}"
-    columns = (column,) if isinstance(column, str) else tuple(column)
-    for col in (*columns, table):
-        if not _IDENTIFIER.match(col):
-            raise FunctionDefinitionError(f"{label}: field 'column'/'table': {col!r} is not a plain identifier")
-    if on_error not in ("fail", "skip"):
-        raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {on_error!r}")
-    if batch_size < 1:
-        raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
-    if gpu_count < 0:
-        raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+def _checked_output_type(label: str, output_type: Any) -> pa.DataType | None:
+    """The declared output type as a pyarrow type (None when it is to be inferred)."""
     if isinstance(output_type, str):
         try:
-            output_type = parse_arrow_type(output_type)
-        except (ValueError, KeyError) as err:
-            raise FunctionDefinitionError(
-                f"{label}: field 'output_type': {output_type!r} is not an Arrow type ({err}); use e.g. 'int64', "
-                "'string', 'list<float32>', 'fixed_size_list<float32>[384]' or a pyarrow type") from None
-    elif output_type is not None and not isinstance(output_type, pa.DataType):
+            return parse_arrow_type(output_type)
+        except ValueError as err:
+            raise FunctionDefinitionError(f"{label}: field 'output_type': {err}") from None
+    if output_type is not None and not isinstance(output_type, pa.DataType):
         raise FunctionDefinitionError(f"{label}: field 'output_type': expected a pyarrow type or its name, got "
                                       f"{type(output_type).__name__}")
+    return output_type
+
+
+def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...]) -> None:
+    """What can be said about the options alone, before looking at the callable."""
+    for name in (*columns, options.table):
+        if not _IDENTIFIER.match(name):
+            raise FunctionDefinitionError(f"{label}: field 'column'/'table': {name!r} is not a plain identifier")
+    if options.on_error not in ("fail", "skip"):
+        raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {options.on_error!r}")
+    if options.batch_size < 1:
+        raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
+    if options.gpu_count < 0:
+        raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+
+
+def _call_style(label: str, params: list[inspect.Parameter], annotations: list[Any],
+                inputs: Sequence[str] | None) -> CallStyle:
+    """Per row, per batch of arrays, or per RecordBatch -- lancedb's `udf` conventions."""
+    if len(params) == 1 and annotations[0] is pa.RecordBatch:
+        if not inputs:
+            raise FunctionDefinitionError(f"{label}: field 'inputs': a RecordBatch Function must name its input columns")
+        return CallStyle.RECORD_BATCH
+    if params and all(a is pa.Array for a in annotations):
+        return CallStyle.ARRAYS
+    return CallStyle.ROW
+
+
+def _version(original: Any, options: FunctionOptions, inputs: Sequence[str], columns: Sequence[str],
+             output_type: pa.DataType, init: Mapping[str, Any]) -> str:
+    """The code (or the version the user pins) plus every option that changes values.
+
+    Changing any of them makes every row stale. The error policy does not change a computed value,
+    so switching it recomputes nothing.
+    """
+    payload = json.dumps(
+        {"code": f"pinned:{options.version}" if options.version is not None else code_digest(original),
+         "inputs": list(inputs), "columns": list(columns), "type": str(output_type), "init": dict(init),
+         "format": STORAGE_FORMAT},
+        sort_keys=True, default=repr,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@document_options
+def make_function(target: Any, **options: Any) -> Function:
+    """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec.
+
+    Pure: it reads the callable's signature and code, never a table or the GPU classes.
+
+    Args:
+        target: the function, class or `lancedb.udf` definition.
+        {options}
+
+    Example:
+        >>> def n_words(text: str) -> int:
+        ...     return len(text.split())
+        >>> spec = make_function(n_words, table="docs", column="n_words")
+        >>> spec.name, spec.inputs, spec.output_type, spec.call_style.value, spec.gpu
+        ('docs__n_words', ('text',), DataType(int64), 'row', False)
+    """
+    original = _unwrap(target)
+    opts = FunctionOptions.of(options, f"Function {options.get('name') or getattr(original, '__name__', '?')!r}")
+    is_class = inspect.isclass(original)
+    label = f"Function {opts.name or getattr(original, '__name__', '?')!r}"
+    columns = (opts.column,) if isinstance(opts.column, str) else tuple(opts.column)
+    _check_options(label, opts, columns)
+    output_type = _checked_output_type(label, opts.output_type)
 
     sig = _call_signature(original, is_class)
     hints = _hints(original, is_class)
     params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    annotations = [_arrow_class(hints.get(p.name, p.annotation)) for p in params]
-    if len(params) == 1 and annotations[0] is pa.RecordBatch:
-        style = CallStyle.RECORD_BATCH
-        if not inputs:
-            raise FunctionDefinitionError(f"{label}: field 'inputs': a RecordBatch Function must name its input columns")
-    elif params and all(a is pa.Array for a in annotations):
-        style = CallStyle.ARRAYS
-    else:
-        style = CallStyle.ROW
-    if inputs is None:
-        inputs = [p.name for p in params]
+    style = _call_style(label, params, [_arrow_class(hints.get(p.name, p.annotation)) for p in params], opts.inputs)
+    inputs = list(opts.inputs) if opts.inputs is not None else [p.name for p in params]
     if not inputs:
         raise FunctionDefinitionError(f"{label}: field 'inputs': the Function reads no column")
     if style is not CallStyle.RECORD_BATCH:
-        _check_parameters(label, sig, list(inputs))
+        _check_parameters(label, sig, inputs)
 
     if output_type is None:
         output_type = _inferred_output_type(label, target, style, hints.get("return", sig.return_annotation))
@@ -279,31 +274,24 @@ def make_function(
             f"{label}: field 'column': {len(columns)} columns need a struct output with {len(columns)} fields, "
             f"got {output_type}"
         )
+    gpu = opts.gpu
     if gpu is None:
         request = getattr(target, "registration_request", None)
-        gpu = bool(request.runtime.gpu) if request is not None else gpu_class is not None
-    if gpu and gpu_count < 1:
+        gpu = bool(request.runtime.gpu) if request is not None else opts.gpu_class is not None
+    if gpu and opts.gpu_count < 1:
         raise FunctionDefinitionError(
-            f"{label}: field 'gpu_count': a GPU Function needs at least 1 GPU, got {gpu_count}; leave out gpu_class "
-            "(and gpu) for a CPU Function")
+            f"{label}: field 'gpu_count': a GPU Function needs at least 1 GPU, got {opts.gpu_count}; leave out "
+            "gpu_class (and gpu) for a CPU Function")
     if own := sorted(set(columns) & set(inputs)):
         raise FunctionDefinitionError(
             f"{label}: field 'column': {', '.join(map(repr, own))} is also an input of the Function; a Function "
             "cannot write the column it reads")
-    init = dict(init or {})
+    init = dict(opts.init or {})
     if is_class:
         _check_parameters(label, _init_signature(original), list(init), field_name="init")
-    # Version: the code (or the version the user pins) plus every option that changes values;
-    # changing any of them makes every row stale. The error policy does not change a computed
-    # value, so switching it recomputes nothing.
-    payload = json.dumps(
-        {"code": f"pinned:{version}" if version is not None else code_digest(original), "inputs": list(inputs),
-         "columns": list(columns), "type": str(output_type), "init": init, "format": STORAGE_FORMAT},
-        sort_keys=True, default=repr,
-    )
     return Function(
-        name=name or f"{table}__{columns[0]}",
-        table=table,
+        name=opts.name or f"{opts.table}__{columns[0]}",
+        table=opts.table,
         columns=columns,
         output_type=output_type,
         inputs=tuple(inputs),
@@ -312,13 +300,13 @@ def make_function(
         is_class=is_class,
         init=init,
         gpu=gpu,
-        gpu_class=gpu_class or DEFAULT_CLASS,
-        gpu_count=gpu_count if gpu else 0,
-        batch_size=batch_size,
-        on_error=on_error,
-        version=hashlib.sha256(payload.encode()).hexdigest()[:16],
-        source_asset=source_asset or table,
-        description=description or inspect.getdoc(original),
-        group_name=group_name,
-        checkpoint_seconds=checkpoint_seconds,
+        gpu_class=opts.gpu_class or DEFAULT_CLASS,
+        gpu_count=opts.gpu_count if gpu else 0,
+        batch_size=opts.batch_size,
+        on_error=opts.on_error,
+        version=_version(original, opts, inputs, columns, output_type, init),
+        source_asset=opts.source_asset or opts.table,
+        description=opts.description or inspect.getdoc(original),
+        group_name=opts.group_name,
+        checkpoint_seconds=opts.checkpoint_seconds,
     )

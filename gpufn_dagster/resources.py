@@ -9,14 +9,12 @@ import dagster as dg
 import lancedb
 from pydantic import Field
 
+from .errors import TableNotFound
+
 DB_URI_ENV = "GPUFN_LANCEDB_URI"
 DEFAULT_DB_URI = ".gpufn_data/lancedb"
 # Stable row ids let materialized views follow source rows across compaction and updates.
 STABLE_ROW_IDS = {"new_table_enable_stable_row_ids": "true"}
-
-
-class TableNotFound(LookupError):
-    """A Function or view names a table the database does not have (yet)."""
 
 
 def default_db_uri() -> str:

@@ -1,23 +1,119 @@
-"""The run and asset tags this plugin reads and writes (values obey Dagster's tag rules)."""
+"""The closed vocabulary of tags gpufn writes and reads: every `gpufn/…` tag, and the values some take.
+
+Run tags are what the UI's runs list and run page show, so values a person reads are readable:
+capacity states are words from `CapacityState`, reasons short fixed CamelCase words from
+`CapacityReason` (the scheduler's prose goes into the run's event, never into a tag), and times
+are ISO 8601 in UTC.
+
+>>> time_tag(1796058073), seconds_from_tag("2026-11-30T17:01:13Z")
+('2026-11-30T17:01:13Z', 1796058073.0)
+>>> tag_value("0/5 nodes: Insufficient nvidia.com/gpu")
+'0-5-nodes-Insufficient-nvidia.com-gpu'
+"""
 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
+from enum import Enum
 
-GPU_CLASS_TAG = "gpufn/gpu-class"
-GPU_COUNT_TAG = "gpufn/gpu-count"
-CAPACITY_TAG = "gpufn/capacity"
-# dagster-k8s reads pod configuration for step pods (k8s_job_executor) from this op tag.
+PREFIX = "gpufn/"
+
+# On Function assets and their ops (and on runs, once the launcher has read them from the plan).
+GPU_CLASS_TAG = PREFIX + "gpu-class"
+GPU_COUNT_TAG = PREFIX + "gpu-count"
+# On runs: how the launcher placed the run (`PlacementKind`, or "rejected").
+PLACEMENT_TAG = PREFIX + "placement"
+PLACEMENT_REJECTED = "rejected"
+# On runs waiting for, or holding, GPU capacity.
+CAPACITY_TAG = PREFIX + "capacity"
+CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
+WAITING_SINCE_TAG = PREFIX + "waiting-since"
+CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
+LOCAL_SLOT_TAG = PREFIX + "local-slot"
+# On runs started by the table and unfilled-rows sensors.
+TABLE_TAG = PREFIX + "table"
+TABLE_VERSION_TAG = PREFIX + "table-version"
+UNFILLED_ROWS_TAG = PREFIX + "unfilled-rows"
+# Metadata keys of a Function asset: its spec (in-process; across processes the UI shows the class
+# name), and for a YAML declaration the defs.yaml that declared it (load errors name it).
+FUNCTION_METADATA_KEY = PREFIX + "function"
+DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
+READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
+# dagster-k8s reads a step pod's configuration (k8s_job_executor) from this op tag. It equals
+# dagster_k8s.job.USER_DEFINED_K8S_CONFIG_KEY (a test holds them equal); spelled out here because
+# Function assets are built in embedded mode too, where dagster_k8s is not imported.
 K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
-CAPACITY_REASON_TAG = "gpufn/capacity-reason"
+class CapacityState(str, Enum):
+    """Every value of `gpufn/capacity`: where a GPU run stands with respect to GPU capacity."""
+
+    WAITING = "waiting"          # no node (or local slot) of the class has room yet; it starts when one does
+    RUNNING = "running"          # embedded: holds a local slot of its class
+    SCHEDULED = "scheduled"      # Kubernetes: its pod is bound to a node of the class
+    NEVER_FITS = "never-fits"    # no node of the class could hold the request even empty: failed at once
+    TIMED_OUT = "timed-out"      # waited past the class's max_wait: failed, its Job deleted
+    GATED = "gated"              # its pod is held by scheduling gates (not a capacity wait)
+    FAILING = "failing"          # its pod is failing to start (image pull, crash; not a capacity wait)
+    REPLACING = "replacing"      # its pod vanished before the worker started; its Job is making a new one
+    LOST = "lost"                # its pod and Job are gone, or the Job failed, before the worker started
+    PENDING = "pending"          # a verdict only (the scheduler has not looked yet); never written as a tag
+
+
+class CapacityReason(str, Enum):
+    """Every value of `gpufn/capacity-reason`: short fixed words; the event carries the prose."""
+
+    LOCAL_SLOTS_IN_USE = "LocalSlotsInUse"
+    SLOT_ACQUIRED = "SlotAcquired"
+    UNSCHEDULABLE = "Unschedulable"
+    SCHEDULED = "Scheduled"
+    NEVER_FITS = "NeverFits"
+    MAX_WAIT_EXCEEDED = "MaxWaitExceeded"
+    SCHEDULING_GATED = "SchedulingGated"
+    POD_REPLACING = "PodReplacing"
+    POD_LOST = "PodLost"
+    JOB_FAILED = "JobFailed"
+    # The kubelet's own reasons for a container that does not start (not a capacity wait).
+    ERR_IMAGE_PULL = "ErrImagePull"
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+    INVALID_IMAGE_NAME = "InvalidImageName"
+    CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
+    CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    CREATE_CONTAINER_ERROR = "CreateContainerError"
+    RUN_CONTAINER_ERROR = "RunContainerError"
+
+
+# The reasons a pod's container waits that mean it will not start by waiting longer.
+CONTAINER_FAILING = frozenset({
+    CapacityReason.ERR_IMAGE_PULL, CapacityReason.IMAGE_PULL_BACK_OFF, CapacityReason.INVALID_IMAGE_NAME,
+    CapacityReason.CRASH_LOOP_BACK_OFF, CapacityReason.CREATE_CONTAINER_CONFIG_ERROR,
+    CapacityReason.CREATE_CONTAINER_ERROR, CapacityReason.RUN_CONTAINER_ERROR,
+})
 
 
 def tag_value(text: str) -> str:
-    """Text squeezed into a Dagster tag value ([A-Za-z0-9_.-], at most 63 characters)."""
+    """Text squeezed into a Dagster asset tag value ([A-Za-z0-9_.-], at most 63 characters)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:63]
 
 
 def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
+    """The tags that say a Function, step or run needs `gpu_count` GPUs of `gpu_class`.
+
+    >>> gpu_tags("l4", 2)
+    {'gpufn/gpu-class': 'l4', 'gpufn/gpu-count': '2'}
+    """
     return {GPU_CLASS_TAG: gpu_class, GPU_COUNT_TAG: str(gpu_count)}
+
+
+def time_tag(seconds: float) -> str:
+    """A moment (seconds since the epoch) as a tag value a person reads: ISO 8601, UTC, whole seconds."""
+    return datetime.fromtimestamp(round(seconds), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def seconds_from_tag(value: str) -> float:
+    """The moment a `time_tag` value names (runs tagged by an earlier release carry epoch seconds)."""
+    try:
+        return float(value)
+    except ValueError:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

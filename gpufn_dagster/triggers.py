@@ -16,15 +16,22 @@ import dagster as dg
 import lance
 
 from .assets import function_of
+from .errors import FunctionDefinitionError
 from .resources import LanceDBResource
-from .tags import gpu_tags
+from .tags import TABLE_TAG, TABLE_VERSION_TAG, UNFILLED_ROWS_TAG, gpu_tags
 
 _NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
 GPUFN_COMMIT_PREFIX = "gpufn"
 
 
 def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
-    """Whether any (operation, commit message) since the cursor added or changed rows."""
+    """Whether any (operation, commit message) since the cursor added or changed rows.
+
+    >>> changed_data([("DataReplacement", "gpufn refresh docs.embedding"), ("Rewrite", ""), ("Merge", "")])
+    False
+    >>> changed_data([("Append", ""), ("CreateIndex", "")])
+    True
+    """
     for operation, message in operations:
         if operation in _NO_DATA_CHANGE:
             continue
@@ -83,7 +90,22 @@ def refresh_schedule(
     timezone: str = "UTC",
     running: bool = False,
 ) -> dg.ScheduleDefinition:
-    """Refresh these Functions and views on a cron schedule (through the same launcher path as the UI)."""
+    """Refresh these Functions and views on a cron schedule (through the same launcher path as the UI).
+
+    Its job carries the GPU class tags when the selection has one class.
+
+    Args:
+        name: the schedule's name (its job is `<name>_job`).
+        cron: when, as a cron expression ("0 3 * * *": 03:00 every day).
+        targets: the Function and view assets (or asset names) to refresh.
+        timezone: the cron expression's time zone.
+        running: whether the schedule starts running (default: stopped until turned on in the UI).
+
+    Example:
+        >>> nightly = refresh_schedule("nightly_docs_refresh", "0 3 * * *", ["docs__embedding", "docs_en"])
+        >>> nightly.name, nightly.cron_schedule, nightly.job.name
+        ('nightly_docs_refresh', '0 3 * * *', 'nightly_docs_refresh_job')
+    """
     return dg.ScheduleDefinition(
         name=name, cron_schedule=cron, execution_timezone=timezone, job=refresh_job(f"{name}_job", targets),
         default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
@@ -99,7 +121,23 @@ def table_sensor(
     minimum_interval_seconds: int = 30,
     running: bool = False,
 ) -> dg.SensorDefinition:
-    """Refresh `targets` when rows of `table` are added, updated or deleted."""
+    """Refresh `targets` when rows of `table` are added, updated or deleted.
+
+    Each new table version starts one run keyed `<table>@v<version>`; versions that change no rows
+    (gpufn's own refreshes, column declarations, compaction, indexes) start nothing.
+
+    Args:
+        table: the LanceDB table to watch (its Lance version is the sensor's cursor).
+        targets: the Function and view assets (or asset names) to refresh.
+        name: the sensor's name (default `<table>_changed`).
+        minimum_interval_seconds: how often it looks at the table's version.
+        running: whether the sensor starts running (default: stopped until turned on in the UI).
+
+    Example:
+        >>> sensor = table_sensor("docs", ["docs__embedding"], minimum_interval_seconds=15)
+        >>> sensor.name, sensor.minimum_interval_seconds
+        ('docs_changed', 15)
+    """
     job = refresh_job(f"{name or table + '_changed'}_job", targets)
 
     @dg.sensor(name=name or f"{table}_changed", job=job, minimum_interval_seconds=minimum_interval_seconds,
@@ -120,7 +158,7 @@ def table_sensor(
                 cursor=str(version))
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",
-                                        tags={"gpufn/table": table, "gpufn/table-version": str(version)})],
+                                        tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)})],
             cursor=str(version),
         )
 
@@ -139,10 +177,26 @@ def unfilled_rows_sensor(
 
     For tables that grow in many small appends: rather than a run per version, one run per batch of
     new rows. One run per table version at most (run key), none while below the threshold.
+
+    Args:
+        function_asset: the Function asset (made by `gpu_function`).
+        threshold: how many unfilled rows start a refresh.
+        name: the sensor's name (default `<function>_unfilled`).
+        minimum_interval_seconds: how often it counts unfilled rows.
+        running: whether the sensor starts running (default: stopped until turned on in the UI).
+
+    Example:
+        >>> from gpufn_dagster import gpu_function
+        >>> @gpu_function(table="docs", column="n_chars")
+        ... def n_chars(text: str) -> int:
+        ...     return len(text)
+        >>> unfilled_rows_sensor(n_chars, 1_000).name
+        'docs__n_chars_unfilled'
     """
     function = function_of(function_asset)
     if function is None:
-        raise ValueError(f"{function_asset.key.to_user_string()} is not a gpu_function asset")
+        raise FunctionDefinitionError(f"{function_asset.key.to_user_string()}: not a gpu_function asset, so it has no "
+                                      "column to watch")
     sensor_name = name or f"{function.name}_unfilled"
     job = refresh_job(f"{sensor_name}_job", [function_asset])
 
@@ -159,6 +213,6 @@ def unfilled_rows_sensor(
         if unfilled < threshold:
             return dg.SkipReason(f"{unfilled:,} unfilled rows in {function.table!r}, below the threshold of {threshold:,}")
         return dg.RunRequest(run_key=f"{function.table}@v{table.version}:unfilled",
-                             tags={"gpufn/table": function.table, "gpufn/unfilled-rows": str(unfilled)})
+                             tags={TABLE_TAG: function.table, UNFILLED_ROWS_TAG: str(unfilled)})
 
     return _sensor

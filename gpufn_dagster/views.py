@@ -27,7 +27,24 @@ def materialized_view_asset(
     group_name: str | None = None,
     description: str | None = None,
 ) -> dg.AssetsDefinition:
-    """An asset owning the view `name` over table `source` (which needs stable row ids)."""
+    """An asset owning the view `name` over table `source` (which needs stable row ids).
+
+    Materializing it creates the view the first time (lancedb's `create_materialized_view`) and
+    refreshes it after that; a Function on the view is a `gpu_function` whose `source_asset` is it.
+
+    Args:
+        name: the view's name, a table of the same database.
+        source: the source table.
+        select: the source columns to keep (or a mapping of output name to SQL expression); all by default.
+        where: a SQL filter on source rows, e.g. "lang = 'en'".
+        source_asset: the asset producing the source (default: `source`).
+        group_name, description: the asset's group and text.
+
+    Example:
+        >>> docs_en = materialized_view_asset("docs_en", source="docs", select=["id", "text"], where="lang = 'en'")
+        >>> docs_en.key.to_user_string(), [d.asset_key.to_user_string() for d in docs_en.specs_by_key[docs_en.key].deps]
+        ('docs_en', ['docs'])
+    """
 
     @dg.asset(
         name=name,

@@ -26,7 +26,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     A cold build takes minutes (half an hour on a busy 2-core machine); done here it is outside
     every per-test timeout, and its progress is printed as it goes.
     """
-    from gpufn_dagster.devcluster.cluster import BIN_DIR_ENV
+    from gpufn_devcluster.cluster import BIN_DIR_ENV
 
     if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") for item in session.items):
         return
@@ -87,7 +87,7 @@ CPU_NODES = 2
 def cluster() -> Iterator:
     """The real control plane (etcd, apiserver, controller-manager, scheduler, KWOK), once per session."""
     from gpufn_dagster.classes import list_gpu_classes
-    from gpufn_dagster.devcluster.cluster import DevCluster, binaries_dir
+    from gpufn_devcluster.cluster import DevCluster, binaries_dir
 
     with DevCluster(binaries_dir()) as running:
         running.add_pools(list_gpu_classes(CLASSES), nodes_per_class=NODES_PER_CLASS, cpu=CPU_NODES)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import lance
 import pyarrow as pa
+from lancedb.materialized_view import DEFINITION_META_KEY
 
-from ..functions import Function, FunctionDefinitionError
-from .arrow_types import datafusion_type
+from ..errors import FunctionDefinitionError
+from ..functions import Function
+from ..arrow_types import datafusion_type
 from .signature import SIG_TYPE
 
 _ADD_ATTEMPTS = 5
 
 
-VIEW_DEFINITION_KEY = b"mv.definition"
 SIG_COLUMN_KEY = "gpufn.sig_column"
 
 
@@ -22,7 +23,8 @@ def is_function_column(field: pa.Field) -> bool:
 
 
 def is_view(schema: pa.Schema) -> bool:
-    return VIEW_DEFINITION_KEY in (schema.metadata or {})
+    """Whether the table is a lancedb materialized view (its schema carries the view's definition)."""
+    return DEFINITION_META_KEY in (schema.metadata or {})
 
 
 def declared_fields(function: Function, on_view: bool) -> list[pa.Field]:

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.commit import CommitConflictError
 
+from ..errors import CommitRacesLost, CommitRefused
 from ..functions import Function
 from .checkpoint import CheckpointStore
 from .columns import ensure_columns
@@ -50,10 +51,6 @@ from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 ADDRESS = "_rowaddr"
 _COMMIT_ATTEMPTS = 5
-
-
-class CommitRefused(RuntimeError):
-    """Lance refused the refresh's commit for a reason other than a concurrent writer."""
 
 
 @dataclass
@@ -236,57 +233,35 @@ def _finished(attempt: _Attempt, item: FragmentWork, record: dict[str, Any]) -> 
                            record["file"])
 
 
-def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
-    """Compute one fragment's new column file (reusing checkpointed batches)."""
-    done = attempt.store.load_fragment(item)
-    if done is not None and (done["file"] is None or (Path(attempt.dataset.uri) / "data" / done["file"]).exists()):
-        result = _finished(attempt, item, done)
-        attempt.advance(item.live_rows, result.outcome)
-        return result
-    fragment = attempt.dataset.get_fragment(item.fragment_id)
-    name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
-    attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
-    writer = FragmentFileWriter(attempt.dataset, name, attempt.out_schema)
-    saved = attempt.store.chunks(item)
-    next_offset = skip_until = 0
-    total = Outcome()
-    pending: list[pa.RecordBatch] = []
-    pending_outcome = Outcome()
-    pending_start, last_checkpoint = 0, time.monotonic()
-    new = item.reason == "new"
-    scanner = fragment.scanner(columns=attempt.new_scan if new else attempt.stale_scan,
-                               batch_size=attempt.function.batch_size, with_row_address=True, strict_batch_size=True)
-    for batch in scanner.to_batches():
-        if batch.num_rows == 0:
-            continue
-        addresses = batch.column(ADDRESS).to_numpy()
-        offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
-        start, end = next_offset, int(offsets[-1]) + 1
-        if end <= skip_until:  # inside a chunk restored from a checkpoint
-            next_offset = end
-            attempt.advance(batch.num_rows, Outcome())
-            continue
-        if start in saved:
-            skip_until, path = saved[start]
-            batches, info = attempt.store.load_chunk(path)
-            for restored in batches:
-                writer.write(restored)
-            restored_outcome = Outcome.from_json(info)
-            total.add(restored_outcome)
-            next_offset = pending_start = skip_until
-            attempt.advance(batch.num_rows, Outcome(errors=restored_outcome.errors))
-            continue
-        out, outcome = _outputs(attempt, batch, addresses, new)
-        aligned = align_to_physical(out, offsets, start, attempt.out_schema)
-        writer.write(aligned)
-        next_offset = end
-        total.add(outcome)
-        pending.append(aligned)
-        pending_outcome.add(outcome)
-        attempt.advance(batch.num_rows, outcome)
-        if time.monotonic() - last_checkpoint >= attempt.function.checkpoint_seconds:
-            attempt.store.save_chunk(item, pending_start, end, pending, pending_outcome.to_json())
-            pending, pending_outcome, pending_start, last_checkpoint = [], Outcome(), end, time.monotonic()
+class _PendingChunk:
+    """The batches written since the last checkpoint of one fragment; saved as a chunk when due."""
+
+    def __init__(self, attempt: _Attempt, item: FragmentWork, start: int):
+        self.attempt, self.item = attempt, item
+        self.start, self.batches, self.outcome, self.since = start, [], Outcome(), time.monotonic()
+
+    def restart_at(self, start: int) -> None:
+        self.start = start
+
+    def add(self, aligned: pa.RecordBatch, outcome: Outcome, end: int) -> None:
+        self.batches.append(aligned)
+        self.outcome.add(outcome)
+        if time.monotonic() - self.since >= self.attempt.function.checkpoint_seconds:
+            self.attempt.store.save_chunk(self.item, self.start, end, self.batches, self.outcome.to_json())
+            self.start, self.batches, self.outcome, self.since = end, [], Outcome(), time.monotonic()
+
+
+def _restore_chunk(attempt: _Attempt, writer: FragmentFileWriter, path: str) -> Outcome:
+    """Write a checkpointed chunk's batches again instead of computing them; returns what they held."""
+    batches, info = attempt.store.load_chunk(path)
+    for restored in batches:
+        writer.write(restored)
+    return Outcome.from_json(info)
+
+
+def _close_fragment(attempt: _Attempt, item: FragmentWork, writer: FragmentFileWriter, total: Outcome,
+                    new: bool) -> _FragmentResult:
+    """Finish the fragment's file (or drop it when nothing changed) and checkpoint the fragment as done."""
     writer.pad_to(item.physical_rows)
     writer.close()
     record: dict[str, Any] = {"file": writer.name, "major": writer.major, "minor": writer.minor,
@@ -300,11 +275,79 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
     return _finished(attempt, item, record)
 
 
+def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
+    """Compute one fragment's new column file, batch by batch, reusing checkpointed chunks."""
+    done = attempt.store.load_fragment(item)
+    if done is not None and (done["file"] is None or (Path(attempt.dataset.uri) / "data" / done["file"]).exists()):
+        result = _finished(attempt, item, done)
+        attempt.advance(item.live_rows, result.outcome)
+        return result
+    name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
+    attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
+    writer = FragmentFileWriter(attempt.dataset, name, attempt.out_schema)
+    saved = attempt.store.chunks(item)
+    next_offset = skip_until = 0
+    total = Outcome()
+    pending = _PendingChunk(attempt, item, start=0)
+    new = item.reason == "new"
+    scanner = attempt.dataset.get_fragment(item.fragment_id).scanner(
+        columns=attempt.new_scan if new else attempt.stale_scan, batch_size=attempt.function.batch_size,
+        with_row_address=True, strict_batch_size=True)
+    for batch in scanner.to_batches():
+        if batch.num_rows == 0:
+            continue
+        addresses = batch.column(ADDRESS).to_numpy()
+        offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
+        start, end = next_offset, int(offsets[-1]) + 1
+        if end <= skip_until:  # inside a chunk restored from a checkpoint
+            next_offset = end
+            attempt.advance(batch.num_rows, Outcome())
+            continue
+        if start in saved:
+            skip_until, path = saved[start]
+            restored = _restore_chunk(attempt, writer, path)
+            total.add(restored)
+            next_offset = skip_until
+            pending.restart_at(skip_until)
+            attempt.advance(batch.num_rows, Outcome(errors=restored.errors))
+            continue
+        out, outcome = _outputs(attempt, batch, addresses, new)
+        aligned = align_to_physical(out, offsets, start, attempt.out_schema)
+        writer.write(aligned)
+        next_offset = end
+        total.add(outcome)
+        pending.add(aligned, outcome, end)
+        attempt.advance(batch.num_rows, outcome)
+    return _close_fragment(attempt, item, writer, total, new)
+
+
 def _state_after(state: ColumnState, results: list[_FragmentResult]) -> ColumnState:
     """The column state with this attempt's findings added (not yet pruned)."""
     return ColumnState(
         verified=state.verified | {r.work.content_key for r in results if r.group is None and not r.outcome.errors},
         failed_files=state.failed_files | {r.file for r in results if r.file and r.outcome.errors})
+
+
+def _compute(attempt: _Attempt, work: list[FragmentWork], workers: int) -> list[_FragmentResult]:
+    """Every planned fragment's new column file, `workers` fragments at a time."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
+        return list(pool.map(functools.partial(_refresh_fragment, attempt), work))
+
+
+def _commit(dataset: lance.LanceDataset, function: Function,
+            groups: list[lance.LanceOperation.DataReplacementGroup]) -> lance.LanceDataset | None:
+    """One DataReplacement of every rewritten fragment at the version read; None when a concurrent
+    writer of the same fragments won the race (the caller re-plans)."""
+    try:
+        return lance.LanceDataset.commit(
+            dataset.uri, lance.LanceOperation.DataReplacement(groups), read_version=dataset.version,
+            commit_message=f"gpufn refresh {function.name} version {function.version}")
+    except CommitConflictError:
+        return None
+    except OSError as err:  # not a race: retrying cannot help, so say what Lance refused
+        raise CommitRefused(
+            f"Lance refused the commit of Function {function.name!r} to table {function.table!r} "
+            f"(version {dataset.version}): {err}. Nothing was committed.") from err
 
 
 def refresh_column(
@@ -366,8 +409,7 @@ def refresh_column(
                 visited += len(work)
                 progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
                 attempt = _Attempt(dataset, function, store, written, report, report_every, progress, call)
-                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
-                    results = list(pool.map(functools.partial(_refresh_fragment, attempt), work))
+                results = _compute(attempt, work, workers)
                 call = attempt.call
                 total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
                 for result in results:
@@ -378,23 +420,17 @@ def refresh_column(
                     break
                 save_state(dataset.uri, function.sig_column, state)  # failed files are known before the commit
                 lease.check()
-                try:
-                    dataset = lance.LanceDataset.commit(
-                        dataset.uri, lance.LanceOperation.DataReplacement(groups), read_version=dataset.version,
-                        commit_message=f"gpufn refresh {function.name} version {function.version}")
+                committed = _commit(dataset, function, groups)
+                if committed is not None:
+                    dataset = committed
                     rewritten += len(groups)
                     break
-                except CommitConflictError:
-                    # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan
-                    # on the latest version; finished fragments whose state did not change are reused
-                    # from their checkpoints.
-                    dataset = lance.dataset(table_uri)
-                except OSError as err:  # not a race: retrying cannot help, so say what Lance refused
-                    raise CommitRefused(
-                        f"Lance refused the commit of Function {function.name!r} to table {function.table!r} "
-                        f"(version {dataset.version}): {err}. Nothing was committed.") from err
+                # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan on
+                # the latest version; finished fragments whose state did not change are reused from
+                # their checkpoints.
+                dataset = lance.dataset(table_uri)
             else:
-                raise RuntimeError(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row to "
+                raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row to "
                                    "concurrent writers of the same fragments (compaction?); run it again")
         finally:
             if call is not None and hasattr(call, "close"):

@@ -14,11 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import FunctionFailed
 from ..functions import CallStyle, Function
-
-
-class FunctionFailed(RuntimeError):
-    """The Function raised on a row under on_error='fail'; the refresh stops, committed work stays."""
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import LeaseLost
+
 DEFAULT_TTL = 60.0
-
-
-class LeaseLost(RuntimeError):
-    """The lease expired while this refresh held it (the process stalled longer than its ttl)."""
 
 
 class ColumnLease:

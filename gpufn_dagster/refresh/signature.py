@@ -23,6 +23,7 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 
+from ..errors import UnsupportedInputType
 from ..functions import Function
 
 SIG_TYPE = pa.uint64()
@@ -37,10 +38,6 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S_VALUE, _S_POSITION, _S_LENGTH, _S_STRUCT, _S_BYTE = (np.uint64(s) for s in (
     0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89, 0x452821E638D01377))
 _DIGESTED = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-
-
-class UnsupportedInputType(TypeError):
-    """An input column's Arrow type cannot be signed (and so cannot be refreshed incrementally)."""
 
 
 def _mix(h: np.ndarray) -> np.ndarray:

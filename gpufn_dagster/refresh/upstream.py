@@ -13,15 +13,12 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import UpstreamNotCurrent
 from ..functions import Function
 from .columns import SIG_COLUMN_KEY
 from .plan import plan_fragments
 from .signature import FAILED, row_signatures, scan_expressions
 from .state import load_state
-
-
-class UpstreamNotCurrent(RuntimeError):
-    """An input column is another Function's output that is not computed for every row yet."""
 
 
 def _stale_rows(dataset: lance.LanceDataset, function: Function) -> int:

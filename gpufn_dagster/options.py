@@ -1,0 +1,117 @@
+"""A Function's options, declared once: the Python decorator, the spec builder and the YAML component
+all take exactly these fields, with these defaults and descriptions.
+
+`gpu_function(**options)` and `make_function(target, **options)` build a `FunctionOptions` from
+their keywords (an unknown one is refused, listing the valid ones); the YAML component
+`FunctionColumn` *is* a `FunctionOptions` plus the import path of its callable, so Dagster
+Components validates and documents the same fields (`dg list component-tree`, editor schemas)
+from the same descriptions.
+"""
+
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import dagster as dg
+
+from .arrow_types import parse_arrow_type
+from .errors import ComponentError, FunctionDefinitionError
+
+ErrorPolicy = Literal["fail", "skip"]
+
+
+def _arrow_type(context: dg.ResolutionContext, value: str | None) -> Any:
+    """YAML's type name as a pyarrow type (Dagster adds the file, line and a caret to the error)."""
+    if value is None:
+        return None
+    try:
+        return parse_arrow_type(context.resolve_value(value, as_type=str))
+    except ValueError as err:
+        raise ComponentError(f"field 'output_type': {err}") from None
+
+
+def _described(description: str) -> dg.Resolver:
+    return dg.Resolver.default(description=description)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionOptions(dg.Resolvable):
+    """Everything a Function declaration says besides its callable."""
+
+    table: Annotated[str, _described("The LanceDB table whose column(s) the Function computes.")]
+    column: Annotated[str | list[str], _described(
+        "The output column, or several columns filled from the fields of a struct output.")]
+    output_type: Annotated[Any, dg.Resolver(_arrow_type, model_field_type=str | None, description=(
+        "The Arrow type of one value: a pyarrow type, or its name ('int64', 'list<float32>', "
+        "'fixed_size_list<float32>[384]'); inferred from a row Function's return annotation."))] = None
+    inputs: Annotated[list[str] | None, _described(
+        "The input columns (default: the callable's parameter names; required for one RecordBatch parameter).")] = None
+    gpu: Annotated[bool | None, _described(
+        "Whether it is a GPU Function (default: yes when it names a gpu_class or its lancedb.udf says gpu=True).")] = None
+    gpu_class: Annotated[str | None, _described(
+        "The GPU class it runs on (default: 'default' for a GPU Function; none makes it a CPU Function).")] = None
+    gpu_count: Annotated[int, _described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
+    batch_size: Annotated[int, _described("Rows per call of a batch Function, and per checkpointed batch.")] = 1024
+    on_error: Annotated[ErrorPolicy, _described(
+        "'fail' stops the refresh at the first failing row; 'skip' leaves that row NULL, records it in the "
+        "gpufn_errors table and retries it on the next refresh.")] = "fail"
+    init: Annotated[dict[str, Any] | None, _described("Keyword arguments for a class's constructor.")] = None
+    name: Annotated[str | None, _described("The asset's name (default '<table>__<column>').")] = None
+    source_asset: Annotated[str | None, _described("The upstream asset that produces the table (default: table).")
+                            ] = None
+    group_name: Annotated[str | None, _described("The asset group.")] = None
+    description: Annotated[str | None, _described("The asset's description (default: the callable's docstring).")
+                           ] = None
+    version: Annotated[str | None, _described(
+        "Pin the Function version (e.g. a release name); by default a digest of its code and of the project "
+        "code and constants it references, so editing them recomputes.")] = None
+    checkpoint_seconds: Annotated[float, _described(
+        "How much work a killed refresh may repeat, in seconds (0: checkpoint every batch).")] = 10.0
+    classes_dir: Annotated[str | None, _described(
+        "The directory of GPU class files gpu_class is checked against (default $GPUFN_CLASSES_DIR or ./classes).")
+                           ] = None
+
+    @classmethod
+    def of(cls, options: dict[str, Any], label: str = "Function") -> "FunctionOptions":
+        """The options from keyword arguments, refusing unknown ones by name.
+
+        >>> FunctionOptions.of({"table": "docs", "column": "n", "gpu_clas": "l4"}, "Function 'n'")
+        Traceback (most recent call last):
+        ...
+        gpufn_dagster.errors.FunctionDefinitionError: Function 'n': unknown option 'gpu_clas'; options: table, ...
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise FunctionDefinitionError(f"{label}: unknown option {', '.join(map(repr, unknown))}; options: "
+                                          f"{', '.join(names)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in options]
+        if missing:
+            raise FunctionDefinitionError(f"{label}: missing option {', '.join(map(repr, missing))}")
+        return cls(**options)
+
+
+def option_fields() -> list[tuple[str, Any, str]]:
+    """(name, default, description) of every option, in declaration order."""
+    hints = typing.get_type_hints(FunctionOptions, include_extras=True)
+    out = []
+    for f in dataclasses.fields(FunctionOptions):
+        resolver = next(m for m in hints[f.name].__metadata__ if isinstance(m, dg.Resolver))
+        out.append((f.name, f.default, resolver.description))
+    return out
+
+
+def document_options(fn: Any) -> Any:
+    """Give `fn` (which takes `**options`) a signature and an Args section listing every option."""
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                default=inspect.Parameter.empty if default is dataclasses.MISSING else default)
+              for name, default, _ in option_fields()]
+    signature = inspect.signature(fn)
+    kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fn.__signature__ = signature.replace(parameters=[*kept, *params])
+    lines = "\n".join(f"        {name}: {description}" for name, _, description in option_fields())
+    fn.__doc__ = (fn.__doc__ or "").replace("{options}", lines.strip())
+    return fn

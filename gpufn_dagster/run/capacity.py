@@ -1,0 +1,267 @@
+"""Pod status -> capacity verdict -> what to record. Pure: no API calls, no clock reads.
+
+A GPU run worker's pod is *waiting for capacity* when the scheduler reports it Unschedulable
+for want of room (Insufficient <resource>, too many pods, node affinity/taint mismatches on the
+other pools) and a node of its class could hold it once free. It *never fits* when no node of
+the class could hold the request even empty. A pod held by scheduling gates, or failing for a
+reason that is not scheduling (image pull, crash), is reported as what it is -- never as a wait.
+
+`decide` turns a verdict, the run's tags from the last tick and the time into a `Decision`: the
+tags to write, the event to report, and whether to fail the run (deleting its Job). The watcher
+applies decisions and does nothing else, so every rule of what a run shows is here, testable
+without Kubernetes or Dagster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..classes import GpuClass
+from ..k8s_syntax import parse_quantity
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, WAITING_SINCE_TAG,
+                    CapacityReason, CapacityState, seconds_from_tag, time_tag)
+
+_SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
+_REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
+AUTOSCALER_REASONS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+State = CapacityState  # a verdict's state is one of the capacity states a run's tag shows
+
+
+@dataclass(frozen=True)
+class SchedulerReasons:
+    """The scheduler's `0/N nodes are available: …` message as a histogram (it sorts reasons as strings)."""
+
+    nodes: int
+    counts: Mapping[str, int]
+
+    def summary(self) -> str:
+        parts = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))
+        return "; ".join(f"{reason}: {count} of {self.nodes} nodes" for reason, count in parts)
+
+
+def parse_scheduler_message(message: str) -> SchedulerReasons | None:
+    """The scheduler's message as a histogram of reasons, None when it is not of that form.
+
+    >>> parse_scheduler_message("0/5 nodes are available: 2 Insufficient nvidia.com/gpu, 3 node(s) didn't "
+    ...                         "match Pod's node affinity/selector. preemption: ...").summary()
+    "node(s) didn't match Pod's node affinity/selector: 3 of 5 nodes; Insufficient nvidia.com/gpu: 2 of 5 nodes"
+    """
+    match = _SCHEDULER_MESSAGE.match(message.strip())
+    if not match:
+        return None
+    counts: dict[str, int] = {}
+    for part in re.split(r", (?=\d+ )", match["reasons"]):
+        item = _REASON.match(part.strip())
+        if item:
+            reason = item["reason"].strip()
+            counts[reason] = counts.get(reason, 0) + int(item["count"])
+    return SchedulerReasons(nodes=int(match["nodes"]), counts=counts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a GPU run's pod is doing, as far as capacity is concerned."""
+
+    state: State
+    reason: str = ""
+    message: str = ""
+    node: str | None = None
+    reasons: SchedulerReasons | None = None
+    autoscaler: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if obj is None:
+            return None
+        obj = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+    return obj
+
+
+def class_nodes(gpu_class: GpuClass, nodes: Iterable[Any]) -> list[Any]:
+    """Nodes of the class's pool: they carry every label of its node selector."""
+    selector = gpu_class.node_selector
+    return [n for n in nodes if all((_get(n, "metadata", "labels") or {}).get(k) == v for k, v in selector.items())]
+
+
+def could_ever_fit(gpu_class: GpuClass, gpu_count: int, pool: Iterable[Any]) -> bool | None:
+    """Whether some node of the pool holds the request when empty; None when the pool has no node
+    (an autoscaler may still add one)."""
+    pool = list(pool)
+    if not pool:
+        return None
+    for node in pool:
+        capacity = _get(node, "status", "allocatable") or {}
+        if parse_quantity(capacity.get(gpu_class.resource_name, "0")) >= gpu_count:
+            return True
+    return False
+
+
+def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count: int,
+                pool: Iterable[Any]) -> Verdict:
+    """What the pod of a GPU run is doing, from its status, its events and the class's nodes."""
+    node = _get(pod, "spec", "node_name") or _get(pod, "spec", "nodeName")
+    statuses = _get(pod, "status", "container_statuses") or _get(pod, "status", "containerStatuses") or []
+    for status in statuses:
+        waiting = _get(status, "state", "waiting")
+        if waiting and _get(waiting, "reason") in CONTAINER_FAILING:
+            return Verdict(State.FAILING, _get(waiting, "reason"), _get(waiting, "message") or "", node=node)
+    if node:
+        return Verdict(State.SCHEDULED, node=node)
+    autoscaler = tuple(sorted({_get(e, "reason") for e in events if _get(e, "reason") in AUTOSCALER_REASONS}))
+    conditions = _get(pod, "status", "conditions") or []
+    scheduled = next((c for c in conditions if _get(c, "type") == "PodScheduled"), None)
+    gates = _get(pod, "spec", "scheduling_gates") or _get(pod, "spec", "schedulingGates")
+    if gates or (scheduled is not None and _get(scheduled, "reason") == "SchedulingGated"):
+        names = ", ".join(_get(g, "name") or str(g) for g in gates or [])
+        return Verdict(State.GATED, "SchedulingGated", f"held by scheduling gates {names}".strip(), autoscaler=autoscaler)
+    if scheduled is None or _get(scheduled, "status") != "False" or _get(scheduled, "reason") != "Unschedulable":
+        return Verdict(State.PENDING, autoscaler=autoscaler)
+    message = _get(scheduled, "message") or ""
+    reasons = parse_scheduler_message(message)
+    if could_ever_fit(gpu_class, gpu_count, pool) is False:
+        return Verdict(State.NEVER_FITS, "Unschedulable",
+                       f"no node of GPU class {gpu_class.name!r} has {gpu_count} x {gpu_class.resource_name} "
+                       f"allocatable even when empty; the scheduler says: {message}", reasons=reasons, autoscaler=autoscaler)
+    return Verdict(State.WAITING, "Unschedulable", message, reasons=reasons, autoscaler=autoscaler)
+
+
+def queue_positions(waits: Mapping[str, tuple[str, float]]) -> dict[str, tuple[int, int]]:
+    """Run id -> (place, of how many) among the runs waiting on its class, the longest-waiting first.
+
+    `waits` maps each waiting run's id to (its class, since when it waits).
+
+    >>> queue_positions({"a": ("l4", 20.0), "b": ("l4", 10.0), "c": ("a100-80gb", 30.0)})
+    {'b': (1, 2), 'a': (2, 2), 'c': (1, 1)}
+    """
+    queues: dict[str, list[tuple[float, str]]] = {}
+    for run_id, (class_name, since) in waits.items():
+        queues.setdefault(class_name, []).append((since, run_id))
+    return {run_id: (i + 1, len(items)) for items in queues.values() for i, (_, run_id) in enumerate(sorted(items))}
+
+
+@dataclass(frozen=True)
+class Event:
+    """An engine event for the run's page: a sentence, and the same facts as metadata."""
+
+    message: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one tick does about one run: tags to write, an event to report, and whether it fails.
+
+    `fail` is the failure message: the run fails with it and its Job (and pod) is deleted.
+    `state` and `waited_seconds` feed the tick's per-class summary.
+    """
+
+    state: CapacityState | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    event: Event | None = None
+    fail: str | None = None
+    waited_seconds: float = 0.0
+
+
+def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decision:
+    return Decision(state, {CAPACITY_TAG: state.value, CAPACITY_REASON_TAG: reason.value}, fail=message)
+
+
+def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
+           position: tuple[int, int] | None, now: float) -> Decision:
+    """What to record for a STARTING GPU run whose pod got `verdict`, given its tags from earlier ticks.
+
+    An unchanged wait is not reported again (its last event is remembered as a digest tag), and a
+    wait past the class's `max_wait` fails the run. `position` is (place, of how many) among the
+    runs waiting on the class.
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> l4 = GpuClass(name="l4", resource_name="nvidia.com/gpu", gpu_model="L4", gpu_memory="24GiB",
+    ...               max_gpu_count_per_worker=8, max_wait="10m")
+    >>> wait = Verdict(State.WAITING, "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    >>> first = decide(wait, {}, l4, 1, (1, 1), now=1796058073)
+    >>> first.tags["gpufn/capacity"], first.tags["gpufn/capacity-reason"], first.tags["gpufn/waiting-since"]
+    ('waiting', 'Unschedulable', '2026-11-30T17:01:13Z')
+    >>> decide(wait, first.tags, l4, 1, (1, 1), now=1796058073 + 60).tags   # nothing new to say
+    {}
+    >>> decide(wait, first.tags, l4, 1, (1, 1), now=1796058073 + 601).fail.split(";")[0]
+    "Gave up waiting for GPU capacity of class 'l4' after 601s (max_wait 600s)"
+    """
+    previous_state = previous.get(CAPACITY_TAG)
+    request = f"{gpu_count} x {gpu_class.resource_name}"
+    if verdict.state is State.WAITING:
+        since = seconds_from_tag(previous[WAITING_SINCE_TAG]) if WAITING_SINCE_TAG in previous else now
+        waited = now - since
+        if gpu_class.max_wait is not None and waited > gpu_class.max_wait.total_seconds():
+            return _failed(State.TIMED_OUT, CapacityReason.MAX_WAIT_EXCEEDED,
+                           f"Gave up waiting for GPU capacity of class {gpu_class.name!r} after {waited:.0f}s "
+                           f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
+                           f"Last scheduler message: {verdict.message}")
+        # The position is not part of the digest, or every wait would be re-reported whenever the queue moves.
+        digest = hashlib.sha1(f"{verdict.message}|{verdict.autoscaler}".encode()).hexdigest()[:12]
+        if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == State.WAITING.value:
+            return Decision(State.WAITING, waited_seconds=waited)
+        place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
+        autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
+        return Decision(
+            State.WAITING,
+            {CAPACITY_TAG: State.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.UNSCHEDULABLE.value,
+             WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest},
+            Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}; {place}. "
+                  f"Scheduler: {verdict.message}{autoscaler}",
+                  {"GPU class": gpu_class.name, "Requested": request, "Waiting since": time_tag(since),
+                   "Scheduler message": verdict.message,
+                   "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
+                   "Position": f"{position[0]} of {position[1]}" if position else "",
+                   "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"}),
+            waited_seconds=waited)
+    if verdict.state is State.SCHEDULED:
+        if previous_state == State.SCHEDULED.value:
+            return Decision(State.SCHEDULED)
+        tags = {CAPACITY_TAG: State.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value}
+        if previous_state != State.WAITING.value:
+            return Decision(State.SCHEDULED, tags)
+        waited = now - seconds_from_tag(previous.get(WAITING_SINCE_TAG, time_tag(now)))
+        return Decision(State.SCHEDULED, tags, Event(
+            f"GPU capacity arrived: scheduled on node {verdict.node} after waiting {waited:.0f}s",
+            {"Node": verdict.node, "Waited seconds": round(waited, 1), "GPU class": gpu_class.name}))
+    if verdict.state is State.NEVER_FITS:
+        return _failed(State.NEVER_FITS, CapacityReason.NEVER_FITS, f"This run can never start: {verdict.message}")
+    if verdict.state in (State.GATED, State.FAILING) and previous_state != verdict.state.value:
+        what = ("held by scheduling gates (not a capacity wait)" if verdict.state is State.GATED
+                else f"pod is failing to start: {verdict.reason} (not a capacity wait)")
+        return Decision(verdict.state, {CAPACITY_TAG: verdict.state.value, CAPACITY_REASON_TAG: verdict.reason},
+                        Event(f"GPU run {what}: {verdict.message}", {"Reason": verdict.reason}))
+    return Decision(verdict.state)
+
+
+def decide_without_pod(previous: Mapping[str, str], job: str | None, job_failure: str | None) -> Decision:
+    """What to record for a STARTING GPU run that has no pod: its Job is making a new one, failed, or is gone.
+
+    `job` is the Job's name (None when it is gone too); `job_failure` the Job's Failed condition
+    ("reason: message"), None when it has not failed.
+
+    >>> decide_without_pod({"gpufn/capacity": "scheduled"}, "dagster-run-1", None).tags["gpufn/capacity"]
+    'replacing'
+    >>> decide_without_pod({}, None, None).fail.split(" (")[0]
+    "The GPU run's Kubernetes Job and pod are gone before its run worker started"
+    """
+    if job is None:
+        return _failed(State.LOST, CapacityReason.POD_LOST,
+                       "The GPU run's Kubernetes Job and pod are gone before its run worker started (deleted, or its "
+                       "node was lost); re-execute the run.")
+    if job_failure is not None:
+        return _failed(State.LOST, CapacityReason.JOB_FAILED,
+                       f"The GPU run's Kubernetes Job {job} failed before its run worker started: {job_failure}")
+    had_pod = previous.get(CAPACITY_TAG) in (State.WAITING.value, State.SCHEDULED.value, State.GATED.value,
+                                             State.FAILING.value)
+    if not had_pod:
+        return Decision()  # its Job has not made its first pod yet
+    return Decision(State.REPLACING,
+                    {CAPACITY_TAG: State.REPLACING.value, CAPACITY_REASON_TAG: CapacityReason.POD_REPLACING.value},
+                    Event(f"The GPU run's pod is gone (deleted, or its node was lost); its Job {job} is creating a "
+                          "new one", {"Job": job}))

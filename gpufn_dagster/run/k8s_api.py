@@ -1,0 +1,81 @@
+"""The one boundary every Kubernetes call of this project goes through.
+
+Calls are bounded in time (`REQUEST_TIMEOUT`) and retried on transient errors by dagster-k8s's own
+`k8s_api_retry` (it retries only its whitelist of transient status codes); what still fails is
+turned into one of two typed errors that say what it means for the person whose run it is:
+`KubernetesUnavailable` (the API did not answer: retrying later may help) or `KubernetesRejected`
+(it answered 4xx: retrying will not help until the cause is fixed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import kubernetes
+import urllib3
+from dagster_k8s.client import (DagsterK8sAPIRetryLimitExceeded, DagsterK8sError, DagsterK8sUnrecoverableAPIError,
+                                k8s_api_retry)
+
+from ..errors import KubernetesRejected, KubernetesUnavailable
+
+# (connect, read) seconds for each call; a frozen API server then ends a watcher tick instead of hanging it.
+REQUEST_TIMEOUT = (5.0, 20.0)
+# What a failed call can raise, from dagster-k8s's retry, the client, or the connection below it.
+API_ERRORS = (DagsterK8sError, DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError,
+              urllib3.exceptions.HTTPError, kubernetes.client.ApiException)
+# What a status code from the API server means for the person whose run failed.
+_STATUS_MEANING = {
+    400: "the API server refused the Job as malformed",
+    401: "the launcher's credentials were not accepted",
+    403: "the launcher's service account may not create Jobs in this namespace",
+    404: "the namespace does not exist",
+    409: "a Job with this run's name already exists (this run was launched before)",
+    422: "the API server refused a field of the Job",
+}
+T = TypeVar("T")
+
+
+def call(fn: Callable[..., T], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+         **kwargs: Any) -> T:
+    """One Kubernetes client call, bounded in time, transient errors retried (twice, 1 s apart)."""
+    return k8s_api_retry(lambda: fn(*args, **kwargs, _request_timeout=request_timeout), max_retries=2, timeout=1.0)
+
+
+def api_host() -> str:
+    """The API server the client's default configuration talks to (for messages)."""
+    return kubernetes.client.Configuration.get_default_copy().host
+
+
+def _answer(err: BaseException) -> kubernetes.client.ApiException | None:
+    """The API server's answer behind dagster-k8s's wrapped errors, None when no answer came."""
+    for candidate in (err, getattr(err, "k8s_api_exception", None), err.__cause__, err.__context__):
+        if isinstance(candidate, kubernetes.client.ApiException) and candidate.status:
+            return candidate
+    return None
+
+
+def _message(answer: kubernetes.client.ApiException) -> str:
+    """The API server's own message (it names the refused field: `spec.containers[0]...: Invalid value`)."""
+    try:
+        return str(json.loads(answer.body)["message"])[:500]
+    except (TypeError, ValueError, KeyError):
+        return f"{answer.status} {answer.reason}"
+
+
+def api_error(err: BaseException, doing: str, where: str, *,
+              when_unavailable: str = "Retry once the API answers.",
+              when_rejected: str = "Retrying will not help until that is fixed.",
+              ) -> KubernetesUnavailable | KubernetesRejected:
+    """What a failed call means: `doing` (e.g. "create the GPU run worker Job") failed at `where`
+    (the API host), followed by what the person should do in either case."""
+    answer = _answer(err)
+    if answer is not None and 400 <= answer.status < 500:
+        meaning = _STATUS_MEANING.get(answer.status, "the API server refused the request")
+        return KubernetesRejected(f"could not {doing}: {where} answered {answer.status}: {meaning}: "
+                                  f"{_message(answer)}. {when_rejected}")
+    detail = _message(answer) if answer is not None else (
+        f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+    answered = f"answered {answer.status}" if answer is not None else "did not answer"
+    return KubernetesUnavailable(f"could not {doing}: {where} {answered} ({detail}). {when_unavailable}")

@@ -1,0 +1,166 @@
+"""A Kubernetes run launcher that places GPU runs on their class's node pool.
+
+Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `classes_dir`:
+
+    run_launcher:
+      module: gpufn_dagster.launcher         # re-exports this module's GpuK8sRunLauncher
+      class: GpuK8sRunLauncher
+      config:
+        instance_config_map: dagster-instance
+        service_account_name: dagster
+        job_image: my-registry/my-code:latest
+        classes_dir: /opt/gpufn/classes      # default: $GPUFN_CLASSES_DIR or ./classes
+
+Asset tags never reach runs and the UI's Materialize button sends no run tags, so the GPU
+request is read from the run's execution plan: the op tags `gpu_function` puts on each step.
+The launcher writes the result onto the run (`gpufn/gpu-class`, `gpufn/gpu-count`) and an engine
+event before the Job exists, and fails the run without creating anything when the request
+cannot be placed.
+
+Precedence of the run worker's pod configuration, lowest first: launcher config
+(`run_k8s_config` and top-level fields) < code location container context < `dagster-k8s/config`
+run tag < the GPU class. The class is merged last and then enforced (`placement.enforce_placement`):
+node selector keys, tolerations, required node affinity, GPU resource and count come from the
+class and cannot be overridden or widened. Runs with no GPU step go exactly the K8sRunLauncher way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster._core.events import DagsterEventType, EngineEventData
+from dagster._core.launcher import LaunchRunContext
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster._utils.merger import merge_dicts
+from dagster_k8s import K8sRunLauncher
+from dagster_k8s.container_context import K8sContainerContext
+from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+from ..classes import ClassesDir
+from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
+from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, gpu_tags
+from .k8s_api import API_ERRORS, api_error
+from .placement import Placement, check_no_extra_gpus, enforce_placement
+from .shared import CLASSES_DIR_CONFIG, RunKind, RunPlan, plan_run, uses_step_pods
+
+# The sections of a dagster-k8s user-defined config, as UserDefinedDagsterK8sConfig names them.
+_SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
+             "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
+
+
+class GpuK8sRunLauncher(K8sRunLauncher):
+    """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits.
+
+    Args:
+        classes_dir: the directory of GPU class files (default `$GPUFN_CLASSES_DIR`, else `./classes`);
+            every other argument is K8sRunLauncher's.
+    """
+
+    def __init__(self, *args: Any, classes_dir: str | None = None, **kwargs: Any):
+        self._classes_dir = classes_dir
+        self._plans: dict[str, RunPlan] = {}  # run id -> its plan, made once per launch
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def config_type(cls):
+        return merge_dicts(K8sRunLauncher.config_type(), CLASSES_DIR_CONFIG)
+
+    @property
+    def classes_dir(self) -> ClassesDir:
+        return self._classes_dir
+
+    def plan(self, run: DagsterRun) -> RunPlan:
+        """The run's plan (CPU, GPU or per-step); raises PlacementError / GpuClassError."""
+        if run.run_id in self._plans:
+            return self._plans[run.run_id]
+        return plan_run(self._instance, run, self._classes_dir, step_pods=uses_step_pods(self._instance, run))
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        try:
+            plan = self._plans[run.run_id] = self._checked_plan(run)
+            if plan.kind is RunKind.CPU:
+                super().launch_run(context)  # exactly K8sRunLauncher, its errors included
+                return
+            self._report_placement(run, plan)
+            try:
+                super().launch_run(context)
+            except API_ERRORS as err:
+                raise api_error(
+                    err, "create the GPU run worker Job",
+                    f"the Kubernetes API at {self._api_client.batch_api.api_client.configuration.host} "
+                    f"(namespace {self.job_namespace!r})",
+                    when_unavailable="No Job was created; re-execute the run once the API answers.",
+                    when_rejected="Re-executing the run will not help until that is fixed.") from err
+        finally:
+            self._plans.pop(run.run_id, None)
+
+    def _checked_plan(self, run: DagsterRun) -> RunPlan:
+        """The run's plan, refusing (before any Kubernetes object exists) a request that cannot be placed."""
+        try:
+            plan = self.plan(run)
+            if plan.kind is not RunKind.CPU:
+                # Sidecars and init containers are outside the class's enforcement of the main
+                # container: they may not ask for GPUs at all.
+                config = super().get_container_context_for_run(run).run_k8s_config
+                check_no_extra_gpus(config.pod_spec_config or {}, plan.placement)
+        except (PlacementError, GpuClassError) as err:
+            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: PLACEMENT_REJECTED})
+            raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
+        return plan
+
+    def _report_placement(self, run: DagsterRun, plan: RunPlan) -> None:
+        """Tags and an event on the run saying where its GPU work goes, before its Job exists."""
+        if plan.kind is RunKind.PER_STEP:
+            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: RunKind.PER_STEP.value})
+            self._instance.report_engine_event(
+                "GPU placement per step: the run worker is a CPU pod; k8s_job_executor places each GPU step's pod "
+                "on its class's node pool", run, cls=self.__class__)
+            return
+        placement: Placement = plan.placement
+        gpu_class = placement.gpu_class
+        self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
+                                                 PLACEMENT_TAG: RunKind.GPU.value})
+        self._instance.report_engine_event(
+            f"GPU placement: {placement.describe()}",
+            run,
+            EngineEventData({
+                "GPU class": gpu_class.name,
+                "GPU model": gpu_class.gpu_model,
+                "GPU count": placement.gpu_count,
+                "Resource": gpu_class.resource_name,
+                "Node selector": ", ".join(f"{k}={v}" for k, v in sorted(gpu_class.node_selector.items())),
+                "Tolerations": ", ".join(f"{t.key}:{t.effect}" for t in gpu_class.tolerations),
+            }),
+            cls=self.__class__,
+        )
+
+    def terminate(self, run_id: str) -> bool:
+        """K8sRunLauncher's terminate; a GPU run whose worker never started is then canceled at once.
+
+        Deleting the Job of a run that waits for capacity removes the only process that could
+        acknowledge the cancel, so without this the run would sit in CANCELING until Dagster's
+        cancel timeout. CPU runs keep dagster-k8s's behaviour exactly.
+        """
+        run = self._instance.get_run_by_id(run_id)
+        gpu_run = run is not None and run.tags.get(PLACEMENT_TAG) in (RunKind.GPU.value, RunKind.PER_STEP.value)
+        started = run is not None and bool(self._instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.RUN_START, limit=1).records)
+        terminated = super().terminate(run_id)
+        if terminated and gpu_run and not started:
+            self._instance.report_run_canceled(
+                self._instance.get_run_by_id(run_id),
+                message="Canceled before its run worker started: its Kubernetes Job and waiting pod were deleted")
+        return terminated
+
+    def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
+        context = super().get_container_context_for_run(dagster_run)
+        placement = self.plan(dagster_run).placement
+        if placement is None:
+            return context
+        # enforce_placement overlays the class's whole configuration (placement_k8s_config) onto
+        # what the lower layers produced, so no separate merge is needed.
+        config = context.run_k8s_config
+        enforced = enforce_placement({s: getattr(config, s) for s in _SECTIONS}, placement)
+        return context._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
+            **enforced, merge_behavior=config.merge_behavior))

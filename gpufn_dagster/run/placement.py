@@ -1,0 +1,186 @@
+"""Where a run's worker pod goes: GPU class x GPU count -> the Kubernetes pod configuration.
+
+Pure functions. The launcher reads the GPU requests of a run's steps (op tags written by
+`gpu_function`), resolves them to one class, and merges the class's placement over whatever
+dagster-k8s assembled from the launcher config, the code location and `dagster-k8s/config` run
+tags. `enforce_placement` runs last, so no user-supplied layer can move a GPU run off its pool,
+add a node-affinity alternative, pin a node, or change the GPU count or resource.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..classes import GpuClass
+from ..errors import PlacementError
+from ..k8s_syntax import parse_quantity
+from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG
+
+CLASS_LABEL = "gpufn.dev/gpu-class"
+COUNT_LABEL = "gpufn.dev/gpu-count"
+_GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "google.com/tpu")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A run worker (or step pod) on `gpu_count` GPUs of `gpu_class`'s node pool."""
+
+    gpu_class: GpuClass
+    gpu_count: int
+
+    def describe(self) -> str:
+        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {self.gpu_class.name!r}"
+
+
+def gpu_requests(step_tags: Iterable[Mapping[str, str] | None]) -> dict[str, int]:
+    """GPU class -> the most GPUs any one step of the run asks of it.
+
+    >>> gpu_requests([{"gpufn/gpu-class": "l4", "gpufn/gpu-count": "1"}, {"gpufn/gpu-class": "l4",
+    ...               "gpufn/gpu-count": "2"}, {"gpufn/gpu-count": "0"}, None])
+    {'l4': 2}
+    """
+    requests: dict[str, int] = {}
+    for tags in step_tags:
+        if not tags or GPU_CLASS_TAG not in tags:
+            continue
+        count = int(tags.get(GPU_COUNT_TAG, "1"))
+        requests[tags[GPU_CLASS_TAG]] = max(count, requests.get(tags[GPU_CLASS_TAG], 0))
+    return requests
+
+
+def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClass]) -> Placement | None:
+    """One class for the run worker, or None for a CPU run.
+
+    A run that selects Functions of two classes is rejected: one pod cannot sit on two node
+    pools, and putting it on either would be silently wrong for the other's Functions.
+    """
+    if not requests:
+        return None
+    if len(requests) > 1:
+        listed = ", ".join(f"{name} ({count} GPU)" for name, count in sorted(requests.items()))
+        raise PlacementError(
+            f"this run selects GPU Functions of {len(requests)} GPU classes: {listed}. One run worker cannot run "
+            "on two node pools; materialize each class's Functions in its own run (or use k8s_job_executor, "
+            "which places each step on its own class)")
+    (name, count), = requests.items()
+    if name not in classes:
+        raise PlacementError(f"unknown GPU class {name!r}; configured classes: {', '.join(sorted(classes))}")
+    gpu_class = classes[name]
+    if count > gpu_class.max_gpu_count_per_worker:
+        raise PlacementError(f"{count} GPUs requested of class {name!r}, whose max_gpu_count_per_worker is "
+                             f"{gpu_class.max_gpu_count_per_worker}")
+    if count < 1:
+        raise PlacementError(f"GPU count must be at least 1 for class {name!r}, got {count}")
+    return Placement(gpu_class, count)
+
+
+def _affinity_terms(gpu_class: GpuClass) -> list[dict[str, Any]]:
+    return [{"match_expressions": [{"key": r.key, "operator": r.operator, **({"values": r.values} if r.values else {})}
+                                   for r in term.match_expressions]} for term in gpu_class.node_affinity]
+
+
+def placement_k8s_config(placement: Placement) -> dict[str, Any]:
+    """The class's placement as a dagster-k8s user-defined config (snake_case, merged last)."""
+    gpu_class, count = placement.gpu_class, placement.gpu_count
+    limits: dict[str, str] = {gpu_class.resource_name: str(count)}
+    requests: dict[str, str] = {gpu_class.resource_name: str(count)}
+    if gpu_class.cpu:
+        requests["cpu"] = gpu_class.cpu
+    if gpu_class.memory:
+        requests["memory"] = limits["memory"] = gpu_class.memory
+    labels = {CLASS_LABEL: gpu_class.name, COUNT_LABEL: str(count)}
+    pod_spec: dict[str, Any] = {
+        "node_selector": dict(gpu_class.node_selector),
+        "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
+    }
+    if gpu_class.node_affinity:
+        pod_spec["affinity"] = {"node_affinity": {"required_during_scheduling_ignored_during_execution": {
+            "node_selector_terms": _affinity_terms(gpu_class)}}}
+    return {
+        "container_config": {"resources": {"limits": limits, "requests": requests}},
+        "pod_spec_config": pod_spec,
+        "pod_template_spec_metadata": {"labels": labels},
+        "job_metadata": {"labels": labels},
+    }
+
+
+def _is_gpu_resource(name: str) -> bool:
+    return any(hint in name for hint in _GPU_RESOURCE_HINTS)
+
+
+def _container_gpus(container: Mapping[str, Any], gpu_resource: str | None) -> dict[str, str]:
+    resources = container.get("resources") or {}
+    asked: dict[str, str] = {}
+    for kind in ("limits", "requests"):
+        for name, value in (resources.get(kind) or {}).items():
+            if name == gpu_resource or _is_gpu_resource(name):
+                asked[name] = str(value)
+    return asked
+
+
+def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: Placement | None) -> None:
+    """Refuse sidecars and init containers that ask for a GPU resource.
+
+    The class bounds the GPUs of the whole pod; only the run worker's own container gets them,
+    from the placement. Without this, a `dagster-k8s/config` run tag could add containers that
+    each ask for GPUs and so multiply the pod's request past the class's limit.
+
+    >>> check_no_extra_gpus({"containers": [{"name": "log", "resources": {"limits": {"cpu": "1"}}}]}, None)
+    >>> check_no_extra_gpus({"init_containers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": 8}}}]},
+    ...                     None)
+    Traceback (most recent call last):
+    ...
+    gpufn_dagster.errors.PlacementError: init container 'warm' asks for nvidia.com/gpu=8; ...
+    """
+    gpu_resource = placement.gpu_class.resource_name if placement else None
+    for key, kind in (("containers", "container"), ("init_containers", "init container"),
+                      ("initContainers", "init container")):
+        for container in pod_spec_config.get(key) or []:
+            asked = _container_gpus(container, gpu_resource)
+            if asked:
+                bound = (f"class {placement.gpu_class.name!r} gives the run worker {placement.gpu_count} x "
+                         f"{gpu_resource} and no other container of the pod may ask for GPUs" if placement else
+                         "each GPU step's pod gets its GPUs from its class; no other container may ask for GPUs")
+                raise PlacementError(
+                    f"{kind} {container.get('name', '?')!r} asks for "
+                    f"{', '.join(f'{k}={v}' for k, v in sorted(asked.items()))}; {bound} (remove the GPU resources "
+                    "from that container in the dagster-k8s/config tag)")
+
+
+def enforce_placement(config: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
+    """Make a merged dagster-k8s config obey the class, whatever the layers below it said."""
+    out = copy.deepcopy(dict(config))
+    wanted = placement_k8s_config(placement)
+    container = out.setdefault("container_config", {})
+    resources = container.setdefault("resources", {})
+    for kind in ("limits", "requests"):
+        section = {k: v for k, v in (resources.get(kind) or {}).items() if not _is_gpu_resource(k)}
+        section.update({k: v for k, v in wanted["container_config"]["resources"][kind].items()})
+        resources[kind] = section
+    for name, request in resources["requests"].items():  # a limit below the class's request is invalid
+        limit = resources["limits"].get(name)
+        if limit is not None and parse_quantity(limit) < parse_quantity(request):
+            resources["limits"][name] = request
+    pod_spec = out.setdefault("pod_spec_config", {})
+    pod_spec.pop("node_name", None)
+    pod_spec["node_selector"] = {**(pod_spec.get("node_selector") or {}), **wanted["pod_spec_config"]["node_selector"]}
+    tolerations = list(pod_spec.get("tolerations") or [])
+    for toleration in wanted["pod_spec_config"]["tolerations"]:
+        if toleration not in tolerations:
+            tolerations.append(toleration)
+    pod_spec["tolerations"] = tolerations
+    affinity = pod_spec.get("affinity") or {}
+    node_affinity = affinity.get("node_affinity") or {}
+    if placement.gpu_class.node_affinity:
+        # Node selector terms are ORed: only the class's own may stand, or a user term could widen the pool.
+        node_affinity["required_during_scheduling_ignored_during_execution"] = (
+            wanted["pod_spec_config"]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"])
+        affinity["node_affinity"] = node_affinity
+        pod_spec["affinity"] = affinity
+    for section in ("pod_template_spec_metadata", "job_metadata"):
+        metadata = out.setdefault(section, {})
+        metadata["labels"] = {**(metadata.get("labels") or {}), **wanted[section]["labels"]}
+    return out

@@ -1,0 +1,122 @@
+"""What the embedded path and the Kubernetes path share: reading a run, and one value that says how it runs.
+
+Both the local slots (`run.local`) and the Kubernetes launcher (`run.launcher`) need the GPU
+request of a run -- read from the op tags of the steps it executes, since the UI's Materialize
+button sends no run tags -- and the same `classes_dir` config field; the Function asset needs the
+device of its local slot. They live here, beneath both paths, so neither imports the other and
+the embedded mode never imports the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
+from dagster._core.storage.dagster_run import DagsterRun
+
+from ..classes import ClassesDir, cached_gpu_classes
+from ..tags import CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, WAITING_SINCE_TAG, CapacityState, seconds_from_tag
+from .placement import Placement, gpu_requests, resolve_placement
+
+# The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
+CLASSES_DIR_CONFIG = {
+    "classes_dir": Field(Noneable(StringSource), is_required=False, default_value=None,
+                         description="Directory of GPU class files (default $GPUFN_CLASSES_DIR or ./classes)."),
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_step_tags(instance: DagsterInstance, snapshot_id: str) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    # Snapshot ids are content hashes, so a cached entry can never go stale; scheduled and
+    # sensor runs repeat the same selection and skip the read.
+    plan = instance.get_execution_plan_snapshot(snapshot_id)
+    return tuple((step.key, tuple(sorted((step.tags or {}).items()))) for step in plan.steps)
+
+
+def run_step_tags(instance: DagsterInstance, run: DagsterRun) -> list[dict[str, str]]:
+    """The op tags of the steps this run will execute (from its stored execution plan)."""
+    if not run.execution_plan_snapshot_id:
+        return []
+    selected = set(run.step_keys_to_execute or [])
+    return [dict(tags) for key, tags in _plan_step_tags(instance, run.execution_plan_snapshot_id)
+            if not selected or key in selected]
+
+
+@functools.lru_cache(maxsize=256)
+def _job_launches_step_pods(instance: DagsterInstance, job_snapshot_id: str) -> bool:
+    # k8s_job_executor's config schema is the only one with per_step_k8s_config; the job snapshot
+    # (content-addressed) records the executor's schema, nothing else names the executor.
+    snapshot = instance.get_job_snapshot(job_snapshot_id)
+    return any("per_step_k8s_config" in {f.name for f in (config.fields or [])}
+               for config in snapshot.config_schema_snapshot.all_config_snaps_by_key.values())
+
+
+def uses_step_pods(instance: DagsterInstance, run: DagsterRun) -> bool:
+    """Whether the run's steps run in their own pods (k8s_job_executor), each placed by its op tags."""
+    return bool(run.job_snapshot_id) and _job_launches_step_pods(instance, run.job_snapshot_id)
+
+
+class RunKind(enum.Enum):
+    """How a run meets GPUs: not at all, on its run worker, or in its steps' own pods."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    PER_STEP = "per-step"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The one value a launcher acts on: the run's kind, and for a GPU run its worker's placement."""
+
+    kind: RunKind
+    placement: Placement | None = None
+
+
+def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir, *, step_pods: bool) -> RunPlan:
+    """The run's plan; raises PlacementError / GpuClassError when its GPU request cannot be placed.
+
+    With step pods (k8s_job_executor) the run worker only orchestrates: it stays a CPU pod, and
+    each GPU step's pod carries its own class (op tags), so a run may mix classes. Each class
+    requested is still checked here, so an unknown class or too many GPUs fail before anything
+    starts. Without step pods, one worker runs every step, so all must share one class.
+    """
+    requests = gpu_requests(run_step_tags(instance, run))
+    if not requests:
+        return RunPlan(RunKind.CPU)
+    classes = cached_gpu_classes(classes_dir)
+    if step_pods:
+        for name, count in requests.items():
+            resolve_placement({name: count}, classes)
+        return RunPlan(RunKind.PER_STEP)
+    return RunPlan(RunKind.GPU, resolve_placement(requests, classes))
+
+
+def visible_devices(run_tags: dict[str, str], devices: list[str]) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a run on local slot `gpufn/local-slot` (None when none is configured).
+
+    >>> visible_devices({"gpufn/local-slot": "1"}, ["0", "1"]), visible_devices({}, ["0"])
+    ('1', None)
+    """
+    slot = run_tags.get(LOCAL_SLOT_TAG)
+    if slot is None or not devices:
+        return None
+    return devices[int(slot) % len(devices)]
+
+
+def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[str, list[tuple[str, float]]]:
+    """GPU class -> (run id, seconds waited) of every run waiting for capacity, longest first.
+
+    Works for both modes: queued runs waiting for a local slot and STARTING runs waiting on Kubernetes.
+    """
+    now = time.time() if now is None else now
+    runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING],
+                                        tags={CAPACITY_TAG: CapacityState.WAITING.value}))
+    out: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for run in runs:
+        since = seconds_from_tag(run.tags[WAITING_SINCE_TAG]) if WAITING_SINCE_TAG in run.tags else now
+        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - since))
+    return {name: sorted(items, key=lambda item: -item[1]) for name, items in sorted(out.items())}

@@ -1,0 +1,254 @@
+"""Watching GPU runs that wait for capacity on Kubernetes, and saying so in the Dagster UI.
+
+Nothing in Dagster calls the launcher while a run is STARTING, so a tick (run by the
+`gpu_capacity` sensor in the daemon, or by `gpufn capacity --watch`) does it: one list of GPU run
+pods (label selector), one of their events, one of nodes and one of Jobs cover every GPU run,
+whatever their number. For each STARTING GPU run it turns the pod's status into a verdict
+(`capacity.pod_verdict`), asks `capacity.decide` what to record, and applies that here:
+
+- waiting: tag `gpufn/capacity=waiting` (+ `gpufn/waiting-since`), an event with the class, the
+  request, since when, the scheduler's message verbatim and as a histogram, the run's position
+  among runs waiting on the class, and autoscaler reactions (TriggeredScaleUp, NotTriggerScaleUp,
+  Karpenter's Nominated);
+- scheduled: an event with the node and the time waited, tag `gpufn/capacity=scheduled`;
+- never fits / past the class's `max_wait`: the run fails with that reason and its Job (and pod)
+  is deleted;
+- held by scheduling gates, or failing to start (image pull, crash): reported as that, not as a wait.
+
+It also deletes the Job of any GPU run that finished (failed, canceled, timed out) while its pod
+still waits or runs, so no launched run leaves an orphan behind; and fails a STARTING GPU run whose
+pod and Job are gone (a lost spot node, a deleted pod whose Job gave up), which would otherwise
+stay STARTING forever with the start timeout off.
+
+Every Kubernetes call goes through `k8s_api.call` (a request timeout, dagster-k8s's retry of
+transient errors), so a frozen API server ends a tick with that reason; the next tick starts afresh.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+import kubernetes
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.events import EngineEventData
+
+from ..classes import ClassesDir, GpuClass, cached_gpu_classes
+from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, WAITING_SINCE_TAG, seconds_from_tag
+from .capacity import Decision, State, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
+from .launcher import GpuK8sRunLauncher
+from .placement import CLASS_LABEL
+from .shared import RunKind
+
+_FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+_EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+
+
+@dataclass
+class ClassReport:
+    waiting: int = 0
+    longest_wait_seconds: float = 0.0
+    running: int = 0
+
+
+@dataclass
+class TickReport:
+    """What one tick saw and did; the sensor shows it, `gpufn capacity` prints it."""
+
+    classes: dict[str, ClassReport] = field(default_factory=lambda: defaultdict(ClassReport))
+    failed_runs: list[str] = field(default_factory=list)
+    deleted_jobs: list[str] = field(default_factory=list)
+    runs_checked: int = 0
+
+    def count(self, gpu_class: str, decision: Decision) -> None:
+        stats = self.classes[gpu_class]
+        if decision.state is State.WAITING:
+            stats.waiting += 1
+            stats.longest_wait_seconds = max(stats.longest_wait_seconds, decision.waited_seconds)
+        elif decision.state is State.SCHEDULED:
+            stats.running += 1
+
+    def summary(self) -> str:
+        parts = [f"{name}: {r.waiting} waiting (longest {r.longest_wait_seconds:.0f}s), {r.running} placed"
+                 for name, r in sorted(self.classes.items())]
+        extra = []
+        if self.failed_runs:
+            extra.append(f"failed {len(self.failed_runs)} run(s)")
+        if self.deleted_jobs:
+            extra.append(f"deleted {len(self.deleted_jobs)} orphan Job(s)")
+        return "; ".join(parts + extra) or "no GPU run is starting"
+
+
+def _name(obj: Any) -> str:
+    return obj.metadata.name
+
+
+def _job_of(pod: Any) -> tuple[str, str] | None:
+    """(name, namespace) of the Job that owns a pod, from the label the Job controller sets."""
+    name = (pod.metadata.labels or {}).get("job-name")
+    return (name, pod.metadata.namespace) if name else None
+
+
+def _run_id(obj: Any) -> str | None:
+    return (obj.metadata.labels or {}).get("dagster/run-id")
+
+
+def _job_failure(job: Any) -> str | None:
+    """The Job's Failed condition as "reason: message", None when it has not failed."""
+    failed = next((c for c in job.status.conditions or [] if c.type == "Failed" and c.status == "True"), None)
+    return f"{failed.reason}: {failed.message}" if failed is not None else None
+
+
+class CapacityWatcher:
+    """One object per daemon; `tick()` is cheap to call every few seconds."""
+
+    def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
+                 namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
+        self.instance, self.core, self.batch, self.classes, self.namespace = (
+            instance, core_api, batch_api, classes, namespace)
+        self.request_timeout = request_timeout
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return call(fn, *args, request_timeout=self.request_timeout, **kwargs)
+
+    def _list(self, namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kwargs: Any) -> list[Any]:
+        if self.namespace:
+            return self._call(namespaced, self.namespace, **kwargs).items
+        return self._call(everywhere, **kwargs).items
+
+    def tick(self, now: float | None = None) -> TickReport:
+        now = time.time() if now is None else now
+        report = TickReport()
+        pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
+        jobs = self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
+                          label_selector=CLASS_LABEL)
+        pods_by_run = {_run_id(p): p for p in pods if _run_id(p)}
+        jobs_by_run = {_run_id(j): j for j in jobs if _run_id(j)}
+        starting = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING],
+                                                     tags={PLACEMENT_TAG: RunKind.GPU.value}))
+        report.runs_checked = len(starting)
+        events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
+        nodes = self._call(self.core.list_node).items if starting else []
+
+        verdicts = {}
+        for run in starting:
+            gpu_class = self.classes.get(run.tags.get(GPU_CLASS_TAG, ""))
+            if gpu_class is None:
+                continue
+            pod = pods_by_run.get(run.run_id)
+            if pod is None:
+                self._without_pod(run, jobs_by_run.get(run.run_id), report)
+                continue
+            count = int(run.tags.get(GPU_COUNT_TAG, "1"))
+            verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
+            verdicts[run.run_id] = (run, gpu_class, count, verdict)
+
+        positions = queue_positions({
+            run_id: (gpu_class.name, seconds_from_tag(run.tags.get(WAITING_SINCE_TAG) or str(now)))
+            for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is State.WAITING})
+        for run_id, (run, gpu_class, count, verdict) in verdicts.items():
+            decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now)
+            report.count(gpu_class.name, decision)
+            self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
+
+        self._delete_orphans(jobs, report)
+        return report
+
+    def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
+        """The scheduler's and autoscalers' events about pods that are not bound yet, by pod name."""
+        events: dict[str, list[Any]] = defaultdict(list)
+        if not waiting_pods:
+            return events
+        for event in self._list(self.core.list_namespaced_event, self.core.list_event_for_all_namespaces,
+                                field_selector="involvedObject.kind=Pod"):
+            if event.involved_object.name in waiting_pods and event.reason in _EVENT_REASONS:
+                events[event.involved_object.name].append(event)
+        return events
+
+    def _without_pod(self, run: Any, job: Any, report: TickReport) -> None:
+        """A STARTING GPU run with no pod: its Job is making a new one, has failed, or is gone."""
+        if job is None and self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
+                                      label_selector=f"dagster/run-id={run.run_id}"):
+            return  # listed before this run's Job existed: nothing is lost
+        decision = decide_without_pod(run.tags, _name(job) if job is not None else None,
+                                      _job_failure(job) if job is not None else None)
+        self._apply(run, decision, (_name(job), job.metadata.namespace) if job is not None else None, report)
+
+    def _apply(self, run: Any, decision: Decision, job: tuple[str, str] | None, report: TickReport) -> None:
+        """Carry out a decision: tags, then the event, then (when it fails the run) the Job and the failure."""
+        if decision.tags:
+            self.instance.add_run_tags(run.run_id, dict(decision.tags))
+        if decision.event is not None:
+            self.instance.report_engine_event(decision.event.message, run, EngineEventData(dict(decision.event.metadata)),
+                                              cls=self.__class__)
+        if decision.fail is not None:
+            if job is not None:
+                self._delete_job(*job, report)
+            self.instance.report_run_failed(run, decision.fail)
+            report.failed_runs.append(run.run_id)
+
+    def _delete_job(self, name: str, namespace: str, report: TickReport) -> None:
+        self._call(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+        report.deleted_jobs.append(name)
+
+    def _delete_orphans(self, jobs: list[Any], report: TickReport) -> None:
+        """Delete the Job of every GPU run that ended while its pod still waited or ran."""
+        active = [j for j in jobs if (j.status.active or 0) > 0 and _run_id(j)]
+        if not active:
+            return
+        runs = {r.run_id: r for r in self.instance.get_runs(RunsFilter(run_ids=[_run_id(j) for j in active]))}
+        for job in active:
+            run = runs.get(_run_id(job))
+            if run is not None and run.status in _FINISHED and _name(job) not in report.deleted_jobs:
+                self._delete_job(_name(job), job.metadata.namespace, report)
+                self.instance.report_engine_event(
+                    f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
+                    "waiting or running", run, cls=self.__class__)
+
+
+def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,
+                    minimum_interval_seconds: int = 10, running: bool = True,
+                    request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> dg.SensorDefinition:
+    """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view.
+
+    Args:
+        namespace: where the GPU run Jobs are (default: the launcher's `job_namespace`).
+        classes_dir: the GPU class files (default: the launcher's).
+        minimum_interval_seconds: how often it ticks.
+        running: whether it starts running (default) or stopped.
+        request_timeout: (connect, read) seconds for each Kubernetes call of a tick.
+
+    Example:
+        >>> capacity_sensor(minimum_interval_seconds=30).name
+        'gpu_capacity'
+    """
+
+    @dg.sensor(name="gpu_capacity", minimum_interval_seconds=minimum_interval_seconds,
+               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               description="Reports GPU runs waiting for capacity on Kubernetes, per class; enforces max_wait; "
+                           "deletes Jobs of runs that ended while their pod waited.")
+    def gpu_capacity(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        launcher = context.instance.run_launcher
+        if not isinstance(launcher, GpuK8sRunLauncher):
+            return dg.SkipReason("the run launcher is not GpuK8sRunLauncher; local GPU slots are waited for in "
+                                 "the run queue")
+        # Constructing the launcher loaded its Kubernetes configuration as the client default.
+        watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api(),
+                                  cached_gpu_classes(classes_dir or launcher.classes_dir),
+                                  namespace or launcher.job_namespace, request_timeout=request_timeout)
+        try:
+            report = watcher.tick()
+        except API_ERRORS as err:
+            raise api_error(err, "finish this tick", f"the Kubernetes API at {api_host()}",
+                            when_unavailable=f"Each call may take {request_timeout[1]:.0f}s; runs keep waiting and the "
+                                             "next tick starts afresh.",
+                            when_rejected="Runs keep waiting; fix the sensor's access to the API.") from err
+        context.log.info(report.summary())
+        return dg.SkipReason(report.summary())
+
+    return gpu_capacity

@@ -1,0 +1,232 @@
+"""Runs waiting on GPU capacity, on the real control plane: the run waits (never fails, never falls
+back), the UI's tags and events say why with the scheduler's own words, it starts when capacity
+frees, and max_wait / never-fits / ended runs leave no Job behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+import yaml
+from dagster import DagsterInstance, DagsterRunStatus
+from dagster._core.test_utils import instance_for_test
+
+from gpufn_dagster.run.watch import CapacityWatcher
+from gpufn_dagster.classes import load_gpu_classes
+
+from ..conftest import NODES_PER_CLASS, wait_for
+from .test_k8s_cluster import a100, gpu_pod
+from .test_launcher import launcher_config, materialize
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture
+def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
+    overrides = {"run_launcher": launcher_config(cluster, namespace, classes_dir),
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+                 # The shipped Kubernetes config: run monitoring on, but no start timeout (capacity
+                 # waits are bounded per class by max_wait instead).
+                 "run_monitoring": {"enabled": True, "start_timeout_seconds": 0}}
+    with instance_for_test(overrides=overrides) as instance:
+        yield instance
+
+
+@pytest.fixture
+def watcher(cluster, instance, namespace, classes_dir) -> CapacityWatcher:
+    client = cluster.api_client()
+    return CapacityWatcher(instance, kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client),
+                           load_gpu_classes(classes_dir), namespace)
+
+
+@pytest.fixture
+def full_a100_pool(core, namespace) -> list[str]:
+    names = [f"fill-{i}" for i in range(NODES_PER_CLASS)]
+    for name in names:
+        core.create_namespaced_pod(namespace, gpu_pod(name, a100(), a100().max_gpu_count_per_worker))
+    for name in names:
+        wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase == "Running", what=name)
+    return names
+
+
+def run_pod(core, namespace: str, run_id: str):
+    return wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+                    what="run pod")[0]
+
+
+def unschedulable(core, namespace: str, run_id: str) -> bool:
+    pod = run_pod(core, namespace, run_id)
+    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
+
+
+def messages(instance: DagsterInstance, run_id: str) -> list[str]:
+    return [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
+
+
+def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, namespace, instance, watcher,
+                                                                     full_a100_pool):
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    report = watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.STARTING  # waiting, not failed, not moved elsewhere
+    assert run.tags["gpufn/capacity"] == "waiting" and "gpufn/waiting-since" in run.tags
+    (event,) = [m for m in messages(instance, run_id) if "Waiting for GPU capacity" in m]
+    assert "class 'a100-80gb', 2 x nvidia.com/gpu" in event and "position 1 of 1" in event
+    assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event and "nodes are available" in event
+    assert report.classes["a100-80gb"].waiting == 1
+    assert run_pod(core, namespace, run_id).spec.node_name is None  # no fallback to any other node
+
+    watcher.tick()  # nothing changed: no second event
+    assert len([m for m in messages(instance, run_id) if "Waiting for GPU capacity" in m]) == 1
+
+    core.patch_namespaced_pod("fill-1", namespace, {"metadata": {"labels": {"gpufn.dev/fake-outcome": "succeed"}}})
+    node = wait_for(lambda: run_pod(core, namespace, run_id).spec.node_name, timeout=60, what="scheduled")
+    watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/capacity"] == "scheduled"
+    assert any(f"GPU capacity arrived: scheduled on node {node} after waiting" in m
+               for m in messages(instance, run_id))
+
+
+def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher, full_a100_pool):
+    first = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, first), what="first Unschedulable")
+    watcher.tick(now=time.time())
+    second = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, second), what="second Unschedulable")
+    watcher.tick(now=time.time() + 1)
+    assert any("position 2 of 2" in m for m in messages(instance, second))
+
+
+def test_max_wait_fails_the_run_and_deletes_its_job(cluster, core, namespace, instance, watcher, classes_dir,
+                                                    full_a100_pool):
+    spec = yaml.safe_load((classes_dir / "a100-80gb.yaml").read_text())
+    spec["max_wait"] = "30s"
+    (classes_dir / "a100-80gb.yaml").write_text(yaml.safe_dump(spec))
+    watcher.classes = load_gpu_classes(classes_dir)
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    started = time.time()
+    watcher.tick(now=started)
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTING
+    report = watcher.tick(now=started + 31)
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "timed-out"
+    assert report.failed_runs == [run_id]
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    wait_for(lambda: not [j for j in batch.list_namespaced_job(namespace).items
+                          if j.metadata.labels.get("dagster/run-id") == run_id], what="Job deleted")
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="pod deleted")
+    assert any("Gave up waiting for GPU capacity of class 'a100-80gb'" in m for m in messages(instance, run_id))
+
+
+def test_request_no_node_could_hold_fails_fast(core, namespace, instance, watcher, classes_dir):
+    # The class names a resource none of its nodes has: waiting would be forever.
+    path = classes_dir / "l4.yaml"
+    path.write_text(path.read_text().replace("resource_name: nvidia.com/gpu", "resource_name: nvidia.com/mig-2g.20gb"))
+    watcher.classes = load_gpu_classes(classes_dir)
+    run_id = materialize(instance, "frames__emb_l4")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "never-fits"
+    assert any("no node of GPU class 'l4' has 1 x nvidia.com/mig-2g.20gb allocatable" in m
+               for m in messages(instance, run_id))
+
+
+def test_run_failed_elsewhere_leaves_no_job_behind(cluster, core, namespace, instance, watcher, full_a100_pool):
+    """E.g. run monitoring's start timeout, which fails a STARTING run without deleting its Job."""
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    instance.report_run_failed(instance.get_run_by_id(run_id), "Run timed out due to taking longer than 180 seconds")
+    report = watcher.tick()
+    assert len(report.deleted_jobs) == 1
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="orphan pod deleted")
+
+
+def test_start_timeout_does_not_fail_a_capacity_wait(core, namespace, instance, watcher, full_a100_pool):
+    from dagster._daemon.monitoring.run_monitoring import monitor_starting_run
+
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    assert instance.run_monitoring_start_timeout_seconds == 0  # the shipped configuration
+    if instance.run_monitoring_start_timeout_seconds > 0:
+        monitor_starting_run(instance, instance.get_run_by_id(run_id), None)
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTING
+
+
+def test_gated_pod_is_not_reported_as_a_capacity_wait():
+    from gpufn_dagster.run.capacity import State, pod_verdict
+
+    pod = {"spec": {"scheduling_gates": [{"name": "example.com/quota"}]},
+           "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
+    assert pod_verdict(pod, [], a100(), 1, []).state is State.GATED
+    failing = {"spec": {"node_name": "n"}, "status": {"container_statuses": [
+        {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling image"}}}]}}
+    assert pod_verdict(failing, [], a100(), 1, []).state is State.FAILING
+
+
+def test_a_gpu_run_whose_job_and_pod_vanish_fails_with_that_reason(cluster, core, namespace, instance, watcher,
+                                                                  full_a100_pool):
+    """A spot node lost, or the Job deleted by hand, before the run worker started: never STARTING forever."""
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    batch.delete_collection_namespaced_job(namespace, label_selector=f"dagster/run-id={run_id}",
+                                           propagation_policy="Background")
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}", grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items
+             and not batch.list_namespaced_job(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="Job and pod gone")
+    report = watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "lost"
+    assert report.failed_runs == [run_id]
+    assert any("Kubernetes Job and pod are gone before its run worker started" in m for m in messages(instance, run_id))
+
+
+def test_a_freshly_launched_run_without_a_pod_yet_is_left_alone(core, namespace, instance, watcher):
+    run_id = materialize(instance, "frames__emb_l4")
+    watcher.tick()  # whether or not its pod exists yet, the run is not failed
+    assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTING
+
+
+def test_terminating_a_waiting_gpu_run_cancels_it_at_once(cluster, core, namespace, instance, full_a100_pool):
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    assert instance.run_coordinator.cancel_run(run_id)
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.CANCELED  # not CANCELING until Dagster's 180 s cancel timeout
+    assert any("Canceled before its run worker started" in m for m in messages(instance, run_id))
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="pod deleted")
+
+
+def test_a_pod_its_job_is_replacing_is_reported_not_failed(cluster, core, namespace, instance, watcher,
+                                                           full_a100_pool):
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    # A quota that admits no further pod holds the Job's replacement back, so the tick sees the Job
+    # alive with no pod (as right after a spot node is lost), deterministically.
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-more-pods"},
+                                                      "spec": {"hard": {"pods": str(len(full_a100_pool))}}})
+    wait_for(lambda: (core.read_namespaced_resource_quota("no-more-pods", namespace).status.used or {}).get("pods"),
+             what="quota usage computed")
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}", grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+             what="run pod gone")
+    report = watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.STARTING and run.tags["gpufn/capacity"] == "replacing"
+    assert report.failed_runs == []
+    assert any("pod is gone (deleted, or its node was lost); its Job" in m for m in messages(instance, run_id))
+    core.delete_namespaced_resource_quota("no-more-pods", namespace)

@@ -1,0 +1,143 @@
+"""YAML declarations (Dagster Components): the same assets as the Python decorator, loaded by
+`dagster` and `dg`, and errors that name the file and the field."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import lancedb
+import pyarrow as pa
+import pytest
+import yaml
+from dagster.components import load_defs
+
+from gpufn_dagster import build_definitions
+from gpufn_dagster.resources import STABLE_ROW_IDS
+
+from ..conftest import REPO
+
+
+def asset_view(defs: dg.Definitions) -> dict[str, tuple]:
+    graph = defs.resolve_asset_graph()
+    out = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        out[key.to_user_string()] = (dict(node.tags), frozenset(node.kinds),
+                                     frozenset(k.to_user_string() for k in node.parent_keys), node.code_version)
+    return out
+
+
+@pytest.fixture
+def example_modules(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFN_LANCEDB_URI", str(tmp_path / "lancedb"))
+    monkeypatch.syspath_prepend(str(REPO))
+    for name in ("definitions", "docs_pipeline.yaml_definitions"):
+        sys.modules.pop(name, None)
+    python = importlib.import_module("definitions")
+    yaml_declared = importlib.import_module("docs_pipeline.yaml_definitions")
+    yield python.defs, yaml_declared.defs
+    for name in ("definitions", "docs_pipeline.yaml_definitions"):
+        sys.modules.pop(name, None)
+
+
+def test_yaml_and_python_declare_the_same_assets(example_modules):
+    python_defs, yaml_defs = example_modules
+    python_assets, yaml_assets = asset_view(python_defs), asset_view(yaml_defs)
+    assert python_assets == yaml_assets
+    assert python_assets["docs__embedding"][0]["gpufn/gpu-class"] == "default"
+    assert {"lance", "gpu"} <= python_assets["docs__embedding"][1]
+    assert python_assets["docs_en__shout"][2] == {"docs_en"}
+
+
+def test_yaml_pipeline_materializes(example_modules, tmp_path):
+    _, yaml_defs = example_modules
+    selection = [a for a in yaml_defs.assets if a.key.to_user_string() in ("docs", "docs__word_count")]
+    assert dg.materialize(selection, resources=yaml_defs.resources).success
+    docs = lancedb.connect(str(tmp_path / "lancedb")).open_table("docs")
+    assert docs.count_rows("word_count IS NULL") == 0
+
+
+def test_dg_lists_the_yaml_declared_defs():
+    env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1]), "DAGSTER_HOME": str(REPO / ".gpufn_data")}
+    done = subprocess.run([str(Path(sys.executable).with_name("dg")), "list", "defs", "--json"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = json.loads(done.stdout[done.stdout.index("{"):])
+    assets = {a["asset_key"]: a for a in listed["assets"]}
+    assert assets["docs__word_count"]["source"] == "docs_pipeline/defs/word_count/defs.yaml:1"
+    assert {"docs", "docs__embedding", "docs_en", "docs_en__shout"} <= set(assets)
+
+
+@pytest.fixture
+def docs_table(db_uri):
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": [1], "text": ["a"]}), storage_options=STABLE_ROW_IDS)
+    return db_uri
+
+
+def load_with(tmp_path, monkeypatch, db_uri, **changes):
+    """Write one FunctionColumn defs.yaml in a fresh package and load it like a project would."""
+    package_attrs = {"table": "docs", "column": "loud", "function": "PKG.udfs:upper", **changes}
+    package = f"yamltest_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / package / "defs" / "fn"
+    folder.mkdir(parents=True)
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "defs" / "__init__.py").write_text("")
+    (tmp_path / package / "udfs.py").write_text("def upper(text: str) -> str:\n    return text.upper()\n\n\n"
+                                                "def upper_body(body: str) -> str:\n    return body.upper()\n")
+    package_attrs["function"] = package_attrs["function"].replace("PKG", package)
+    (folder / "defs.yaml").write_text(yaml.safe_dump({"type": "gpufn_dagster.components.FunctionColumn",
+                                                      "attributes": package_attrs}))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    components = load_defs(importlib.import_module(f"{package}.defs"), project_root=tmp_path)
+    defs = build_definitions(assets=list(components.assets), db_uri=db_uri)
+    return defs, folder / "defs.yaml"
+
+
+def chain(error: BaseException) -> str:
+    """The messages of an error and its causes (Dagster wraps component errors in its own)."""
+    messages = []
+    while error is not None:
+        messages.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(messages)
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), [
+    ({"gpu_class": "v100"}, "gpu_class", "unknown GPU class 'v100'"),
+    ({"gpu_class": "l4", "gpu_count": 5}, "gpu_count", "exceeds class 'l4'"),
+    ({"function": "PKG.udfs:nope"}, "function", "cannot import"),
+    ({"function": "no_such_module:upper"}, "function", "cannot import"),
+    ({"table": "nothing"}, "table", "table 'nothing' does not exist"),
+    ({"function": "PKG.udfs:upper_body"}, "inputs", "table 'docs' has no column 'body'; it has id, text"),
+    ({"inputs": ["id"]}, "inputs", "'id' is not a parameter of the callable, which takes text"),
+    ({"output_type": "list<float99>"}, "output_type", "is not an Arrow type"),
+])
+def test_bad_yaml_names_file_and_field(tmp_path, monkeypatch, docs_table, changes, field, words):
+    with pytest.raises(Exception) as err:
+        load_with(tmp_path, monkeypatch, docs_table, **changes)
+    message = chain(err.value)
+    assert "defs/fn/defs.yaml" in message and f"field '{field}'" in message and words in message, message
+
+
+def test_unknown_yaml_field_is_rejected_with_its_location(tmp_path, monkeypatch, docs_table):
+    with pytest.raises(Exception) as err:
+        load_with(tmp_path, monkeypatch, docs_table, colour="blue")
+    message = chain(err.value)
+    assert "defs.yaml" in message and "colour" in message
+
+
+def test_yaml_pins_the_function_version(tmp_path, monkeypatch, docs_table):
+    from gpufn_dagster import function_of, make_function
+
+    defs, _ = load_with(tmp_path, monkeypatch, docs_table, version="release-7", description="Loud text.")
+    (asset,) = [a for a in defs.assets if a.key.to_user_string() == "docs__loud"]
+    function = function_of(asset)
+    expected = make_function(function.target, table="docs", column="loud", version="release-7")
+    assert function.version == expected.version and function.description == "Loud text."

@@ -1,0 +1,332 @@
+"""GpuK8sRunLauncher on the real control plane: Dagster runs created like the UI's Materialize
+button (GraphQL launchRun of the asset job with an asset selection) become Jobs whose pods the
+real scheduler places on the class's pool -- or, for a CPU run, exactly K8sRunLauncher's Job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+from dagster import DagsterInstance
+from dagster._core.test_utils import in_process_test_workspace, instance_for_test
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from ..conftest import launcher_at, wait_for
+
+pytestmark = pytest.mark.k8s
+DEFS = Path(__file__).with_name("k8s_defs.py")
+
+
+def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK8sRunLauncher") -> dict:
+    return {
+        "module": "gpufn_dagster.launcher" if cls == "GpuK8sRunLauncher" else "dagster_k8s",
+        "class": cls,
+        "config": {
+            "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": namespace,
+            "load_incluster_config": False,
+            "kubeconfig_file": str(cluster.kubeconfig), "job_image": "gpufn/worker:test",
+            "labels": {"gpufn.dev/fake-outcome": "hold"},
+            **({"classes_dir": str(classes_dir)} if cls == "GpuK8sRunLauncher" else {}),
+        },
+    }
+
+
+@pytest.fixture
+def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
+    overrides = {"run_launcher": launcher_config(cluster, namespace, classes_dir),
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
+    with instance_for_test(overrides=overrides) as instance:
+        yield instance
+
+
+def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
+                job: str = "__ASSET_JOB") -> str:
+    """Launch a run the way the UI's Materialize button does; returns the run id."""
+    origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
+    with in_process_test_workspace(instance, origin) as context:
+        (location,) = context.code_location_names
+        result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
+            "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
+                         "pipelineName": job, "assetSelection": [{"path": [a]} for a in assets]},
+            "mode": "default",
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }})
+    launched = result.data["launchPipelineExecution"]
+    if launched["__typename"] == "LaunchRunSuccess":
+        return launched["run"]["runId"]
+    assert launched["__typename"] == "PythonError", launched
+    runs = instance.get_runs(limit=1)
+    return runs[0].run_id
+
+
+def job_pod(cluster, namespace: str, run_id: str):
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+                    what="run worker pod")
+    name = pods[0].metadata.name
+    node = wait_for(lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what="pod scheduled")
+    return core.read_namespaced_pod(name, namespace), core.read_node(node)
+
+
+def jobs(cluster, namespace: str) -> list:
+    return kubernetes.client.BatchV1Api(cluster.api_client()).list_namespaced_job(namespace).items
+
+
+def test_gpu_run_lands_on_its_class_pool_with_limits_and_tolerations(cluster, namespace, instance):
+    run_id = materialize(instance, "frames__emb_a100")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags.get("gpufn/gpu-class") == "a100-80gb", (run.status, run.tags, [e.message for e in instance.all_logs(run_id)])
+    assert run.tags["gpufn/gpu-count"] == "2"
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "a100-80gb"
+    container = pod.spec.containers[0]
+    assert container.resources.limits["nvidia.com/gpu"] == "2"
+    assert container.resources.requests["nvidia.com/gpu"] == "2"
+    assert container.resources.requests["cpu"] == "8" and container.resources.limits["memory"] == "64Gi"
+    tolerations = {(t.key, t.operator, t.value, t.effect) for t in pod.spec.tolerations}
+    assert ("gpufn.dev/pool", "Equal", "a100-80gb", "NoSchedule") in tolerations
+    assert ("nvidia.com/gpu", "Exists", None, "NoSchedule") in tolerations
+    assert pod.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    events = [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
+    assert any("GPU placement: 2 x nvidia.com/gpu on GPU class 'a100-80gb'" in m for m in events)
+
+
+def test_mig_run_gets_the_mig_resource_on_the_mig_pool(cluster, namespace, instance):
+    run_id = materialize(instance, "frames__caption")
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "a100-mig-1g-10gb"
+    assert pod.spec.containers[0].resources.limits == {"nvidia.com/mig-1g.10gb": "1", "memory": "8Gi"}
+
+
+def test_required_node_affinity_of_the_class_is_written(cluster, namespace, instance, classes_dir):
+    path = classes_dir / "l4.yaml"
+    spec = yaml.safe_load(path.read_text())
+    spec["node_affinity"] = [{"match_expressions": [{"key": "gpufn.dev/pool", "operator": "In", "values": ["l4"]}]}]
+    path.write_text(yaml.safe_dump(spec))
+    run_id = materialize(instance, "frames__emb_l4")
+    pod, node = job_pod(cluster, namespace, run_id)
+    terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert [(e.key, e.operator, e.values) for e in terms[0].match_expressions] == [("gpufn.dev/pool", "In", ["l4"])]
+    assert node.metadata.labels["gpufn.dev/pool"] == "l4"
+
+
+def test_run_tags_cannot_move_or_widen_a_gpu_run(cluster, namespace, instance):
+    user_config = {
+        "container_config": {"resources": {"limits": {"nvidia.com/gpu": "8", "amd.com/gpu": "1", "cpu": "3"}}},
+        "pod_spec_config": {"node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "team": "vision"},
+                            "node_name": "h100-80gb-0"},
+    }
+    run_id = materialize(instance, "frames__emb_a100", tags={"dagster-k8s/config": json.dumps(user_config),
+                                                             "gpufn/gpu-class": "h100-80gb"})
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    pod = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+                   what="pod")[0]
+    limits = pod.spec.containers[0].resources.limits
+    assert limits["nvidia.com/gpu"] == "2" and "amd.com/gpu" not in limits
+    assert limits["cpu"] == "8"  # a CPU limit below the class's request is raised to it
+    assert pod.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert pod.spec.node_selector["team"] == "vision"  # narrowing is the user's right
+    assert pod.spec.node_name is None or pod.spec.node_name.startswith("a100-80gb")
+    assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class"] == "a100-80gb"
+
+
+@pytest.mark.parametrize("section", ["containers", "init_containers"])
+def test_run_tags_cannot_add_gpus_through_other_containers(cluster, namespace, instance, section):
+    """The class bounds the GPUs of the whole pod: a sidecar or init container asking for GPUs is refused."""
+    user_config = {"pod_spec_config": {section: [
+        {"name": "greedy", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "3"}}},
+        {"name": "greedy2", "image": "busybox", "resources": {"requests": {"nvidia.com/gpu": "3"},
+                                                               "limits": {"nvidia.com/gpu": "3"}}}]}}
+    run_id = materialize(instance, "frames__emb_a100", tags={"dagster-k8s/config": json.dumps(user_config)})
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected"
+    text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+    kind = "init container" if section == "init_containers" else "container"
+    assert f"{kind} 'greedy' asks for nvidia.com/gpu=3; class 'a100-80gb' gives the run worker 2" in text
+    assert jobs(cluster, namespace) == []
+    # A sidecar that asks for no GPU is the user's to add.
+    fine = {"pod_spec_config": {section: [{"name": "log", "image": "busybox",
+                                            "resources": {"limits": {"cpu": "100m"}}}]}}
+    ok_id = materialize(instance, "frames__emb_a100", tags={"dagster-k8s/config": json.dumps(fine)})
+    pod, _node = job_pod(cluster, namespace, ok_id)
+    containers = pod.spec.init_containers if section == "init_containers" else pod.spec.containers[1:]
+    assert [c.name for c in containers] == ["log"]
+
+
+def test_cpu_run_job_is_exactly_k8s_run_launchers(cluster, namespace, instance, classes_dir):
+    run_id = materialize(instance, "frames__words")
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu"
+    assert not (pod.spec.containers[0].resources.limits or {})
+    assert not pod.spec.node_selector and "gpufn/gpu-class" not in instance.get_run_by_id(run_id).tags
+    ours = next(j for j in jobs(cluster, namespace) if j.metadata.labels["dagster/run-id"] == run_id)
+
+    # The same run through dagster-k8s's own launcher builds the same Job (names and run ids aside).
+    from dagster._core.launcher import LaunchRunContext
+
+    plain_config = launcher_config(cluster, namespace, classes_dir, cls="K8sRunLauncher")["config"]
+    from dagster_k8s import K8sRunLauncher
+
+    plain = K8sRunLauncher(**plain_config, dagster_home="/opt/dagster/dagster_home")
+    plain.register_instance(instance)
+    run = instance.get_run_by_id(run_id)
+    captured = {}
+    plain._api_client.create_namespaced_job_with_retries = lambda body, namespace: captured.update(job=body)
+    plain.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    api = kubernetes.client.ApiClient()
+    theirs = api.sanitize_for_serialization(captured["job"])
+    mine = api.sanitize_for_serialization(ours)
+    assert mine["spec"]["template"]["spec"]["containers"][0]["resources"] == \
+        theirs["spec"]["template"]["spec"]["containers"][0].get("resources", {})
+    for key in ("nodeSelector", "tolerations", "affinity"):
+        assert mine["spec"]["template"]["spec"].get(key) == theirs["spec"]["template"]["spec"].get(key)
+    assert mine["metadata"]["labels"] == theirs["metadata"]["labels"]
+    assert mine["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        theirs["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_mixed_classes_are_rejected_before_any_job(cluster, namespace, instance):
+    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4")
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE"
+    messages = " ".join(str(e.message) + str(getattr(e.dagster_event, "event_specific_data", ""))
+                        for e in instance.all_logs(run_id))
+    assert "2 GPU classes: a100-80gb (2 GPU), l4 (1 GPU)" in messages
+    assert jobs(cluster, namespace) == []
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: (d / "l4.yaml").unlink(), "unknown GPU class 'l4'; configured classes: a100-80gb"),
+    (lambda d: (d / "l4.yaml").write_text((d / "l4.yaml").read_text().replace("max_gpu_count_per_worker: 4",
+                                                                                "max_gpu_count_per_worker: 0")),
+     "l4.yaml: class 'l4': field 'max_gpu_count_per_worker'"),
+])
+def test_invalid_request_fails_the_run_and_creates_no_job(cluster, namespace, instance, classes_dir, change, expected):
+    change(classes_dir)
+    run_id = materialize(instance, "frames__emb_l4")
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected"
+    text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+    assert expected in text and "no Kubernetes Job was created" in text
+    assert jobs(cluster, namespace) == []
+
+
+def test_too_many_gpus_for_the_class_fails_the_run(cluster, namespace, instance, classes_dir):
+    path = classes_dir / "a100-80gb.yaml"
+    path.write_text(path.read_text().replace("max_gpu_count_per_worker: 8", "max_gpu_count_per_worker: 1"))
+    run_id = materialize(instance, "frames__emb_a100")
+    assert instance.get_run_by_id(run_id).status.value == "FAILURE"
+    text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+    assert "2 GPUs requested of class 'a100-80gb', whose max_gpu_count_per_worker is 1" in text
+    assert jobs(cluster, namespace) == []
+
+
+def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster, namespace, instance):
+    from types import SimpleNamespace
+
+    from dagster_k8s.executor import K8sStepHandler
+    from dagster_k8s.job import construct_dagster_k8s_job
+
+    # Two classes in one run are fine when each step has its own pod; the run worker is a CPU pod.
+    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4", "frames__words", job="per_step")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step" and "gpufn/gpu-class" not in run.tags
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+
+    # Each step's pod, configured by dagster-k8s's own step handler from the step's op tags.
+    from dagster_k8s.container_context import K8sContainerContext
+
+    handler = K8sStepHandler(image="gpufn/worker:test", container_context=K8sContainerContext(namespace=namespace),
+                             load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    expected = {"frames__emb_a100": ("a100-80gb", "2"), "frames__emb_l4": ("l4", "1"), "frames__words": ("cpu", None)}
+    for step in plan.steps:
+        context = SimpleNamespace(
+            dagster_run=run, instance=instance, step_tags={step.key: step.tags},
+            execute_step_args=SimpleNamespace(step_keys_to_execute=[step.key]),
+            get_step_context=lambda key: SimpleNamespace(step=SimpleNamespace(op_name=key)))
+        container_context = handler._get_container_context(context)
+        job_name = f"step-{step.key.replace('_', '-')}"
+        job = construct_dagster_k8s_job(
+            job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
+                                                            run_launcher=instance.run_launcher),
+            args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
+            user_defined_k8s_config=container_context.run_k8s_config,
+            labels={"dagster/run-id": run_id, "step": job_name})
+        batch.create_namespaced_job(namespace, job)
+        step_pod = wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
+                            what=f"{job_name} pod")[0]
+        node_name = wait_for(lambda p=step_pod.metadata.name: core.read_namespaced_pod(p, namespace).spec.node_name,
+                             what=f"{job_name} scheduled")
+        pool, gpus = expected[step.key]
+        assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == pool, step.key
+        limits = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0].resources.limits or {}
+        assert limits.get("nvidia.com/gpu") == gpus, step.key
+
+
+def _launch_error_text(instance, run_id: str) -> str:
+    """The messages of the run's errors and their causes, as written (not as a repr escapes them)."""
+    texts = []
+    for entry in instance.all_logs(run_id):
+        error = getattr(getattr(entry.dagster_event, "event_specific_data", None), "error", None)
+        while error is not None:
+            texts.append(f"{error.cls_name}: {error.message}")
+            error = error.cause
+    return "\n".join(texts)
+
+
+def test_api_errors_keep_dagster_k8s_exceptions_for_cpu_runs_and_are_explained_for_gpu_runs(
+        cluster, classes_dir):
+    """A namespace that does not exist: the API answers 404. A CPU run fails as K8sRunLauncher's would;
+    a GPU run says the API answered and what 404 means, with the host of the launcher's own client."""
+    config = launcher_config(cluster, "no-such-namespace", classes_dir)
+    overrides = {"run_launcher": config,
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
+    host = cluster.api_client().configuration.host
+    with instance_for_test(overrides=overrides) as instance:
+        gpu_text = _launch_error_text(instance, materialize(instance, "frames__emb_l4"))
+        assert "KubernetesRejected" in gpu_text and "KubernetesUnavailable" not in gpu_text
+        assert f"the Kubernetes API at {host} (namespace 'no-such-namespace') answered 404: the namespace does not " \
+               "exist" in gpu_text
+        assert "Re-executing the run will not help" in gpu_text
+        cpu_text = _launch_error_text(instance, materialize(instance, "frames__words"))
+        assert "KubernetesUnavailable" not in cpu_text and "KubernetesRejected" not in cpu_text
+        assert "DagsterK8sUnrecoverableAPIError" in cpu_text or "ApiException" in cpu_text
+
+
+def test_the_launcher_takes_k8s_run_launchers_positional_arguments(cluster):
+    from gpufn_dagster.launcher import GpuK8sRunLauncher
+
+    launcher = GpuK8sRunLauncher("default", "dagster-instance", load_incluster_config=False,
+                                 kubeconfig_file=str(cluster.kubeconfig), dagster_home="/opt/dagster",
+                                 job_image="img", classes_dir="/opt/classes")
+    assert launcher._service_account_name == "default" and launcher.instance_config_map == "dagster-instance"
+    assert launcher.classes_dir == "/opt/classes"
+
+
+def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes_dir):
+    """A kubeconfig whose API server does not answer: the run fails saying so, nothing half-made."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = launcher_at(tmp_path, f"https://127.0.0.1:{port}", classes_dir)
+    overrides = {"run_launcher": config,
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
+    with instance_for_test(overrides=overrides) as instance:
+        run_id = materialize(instance, "frames__emb_l4")
+        run = instance.get_run_by_id(run_id)
+        assert run.status.value == "FAILURE"
+        text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
+        assert "KubernetesUnavailable" in text and f"the Kubernetes API at https://127.0.0.1:{port}" in text
+        assert "did not answer" in text and "re-execute the run once the API answers" in text

@@ -1,0 +1,70 @@
+"""Unit layer: what a watcher tick records for a run, from its pod's verdict, its tags and the clock."""
+
+from __future__ import annotations
+
+from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.run.capacity import State, Verdict, decide, decide_without_pod
+from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, WAITING_SINCE_TAG
+
+from ..conftest import CLASSES
+
+L4 = load_gpu_classes(CLASSES)["l4"]
+NOW = 1_796_058_073.0
+FULL = Verdict(State.WAITING, "Unschedulable", "0/5 nodes are available: 2 Insufficient nvidia.com/gpu.")
+
+
+def test_a_new_wait_is_tagged_and_told_once():
+    first = decide(FULL, {}, L4, 1, (2, 3), NOW)
+    assert first.tags[CAPACITY_TAG] == "waiting" and first.tags[CAPACITY_REASON_TAG] == "Unschedulable"
+    assert first.tags[WAITING_SINCE_TAG] == "2026-11-30T17:01:13Z"
+    assert "position 2 of 3" in first.event.message and FULL.message in first.event.message
+    again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
+    assert again.tags == {} and again.event is None and again.waited_seconds == 30
+    changed = Verdict(State.WAITING, "Unschedulable", FULL.message, autoscaler=("TriggeredScaleUp",))
+    told = decide(changed, first.tags, L4, 1, (1, 3), NOW + 60)
+    assert "Autoscaler: TriggeredScaleUp" in told.event.message
+    assert told.tags[WAITING_SINCE_TAG] == first.tags[WAITING_SINCE_TAG]   # since when is kept
+
+
+def test_a_wait_past_max_wait_fails_the_run_and_one_within_it_does_not():
+    tags = decide(FULL, {}, L4, 1, None, NOW).tags
+    limit = L4.max_wait.total_seconds() if L4.max_wait else None
+    if limit is None:   # the shipped l4 class waits indefinitely
+        assert decide(FULL, tags, L4, 1, None, NOW + 10 ** 7).fail is None
+        l4 = L4.model_copy(update={"max_wait": __import__("datetime").timedelta(minutes=5)})
+    else:
+        l4 = L4
+    assert decide(FULL, tags, l4, 1, None, NOW + 299).fail is None
+    late = decide(FULL, tags, l4, 1, None, NOW + 301)
+    assert late.tags == {CAPACITY_TAG: "timed-out", CAPACITY_REASON_TAG: "MaxWaitExceeded"}
+    assert "after 301s (max_wait 300s)" in late.fail and FULL.message in late.fail
+
+
+def test_capacity_arriving_says_where_and_after_how_long():
+    waiting = decide(FULL, {}, L4, 1, None, NOW).tags
+    arrived = decide(Verdict(State.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
+    assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled"}
+    assert arrived.event.message == "GPU capacity arrived: scheduled on node l4-1 after waiting 42s"
+    assert decide(Verdict(State.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
+
+
+def test_never_fits_gated_and_failing_are_not_waits():
+    never = decide(Verdict(State.NEVER_FITS, "Unschedulable", "no node has 9"), {}, L4, 9, None, NOW)
+    assert never.fail.startswith("This run can never start") and never.tags[CAPACITY_REASON_TAG] == "NeverFits"
+    gated = decide(Verdict(State.GATED, "SchedulingGated", "held"), {}, L4, 1, None, NOW)
+    assert gated.tags == {CAPACITY_TAG: "gated", CAPACITY_REASON_TAG: "SchedulingGated"} and gated.fail is None
+    failing = decide(Verdict(State.FAILING, "ImagePullBackOff", "no such image"), {}, L4, 1, None, NOW)
+    assert failing.tags[CAPACITY_REASON_TAG] == "ImagePullBackOff" and "not a capacity wait" in failing.event.message
+    assert decide(Verdict(State.FAILING, "ImagePullBackOff", "x"), failing.tags, L4, 1, None, NOW).event is None
+    assert decide(Verdict(State.PENDING), {}, L4, 1, None, NOW) == decide(Verdict(State.PENDING), {}, L4, 1, None, NOW)
+    assert decide(Verdict(State.PENDING), {}, L4, 1, None, NOW).tags == {}
+
+
+def test_a_run_without_a_pod_is_replacing_lost_or_not_started_yet():
+    assert decide_without_pod({CAPACITY_TAG: "waiting"}, "job-1", None).tags[CAPACITY_TAG] == "replacing"
+    assert decide_without_pod({CAPACITY_TAG: "replacing"}, "job-1", None).event is None   # told once
+    assert decide_without_pod({}, "job-1", None).tags == {}                                 # no pod yet
+    failed = decide_without_pod({}, "job-1", "BackoffLimitExceeded: Job has reached the specified backoff limit")
+    assert failed.tags[CAPACITY_REASON_TAG] == "JobFailed" and "BackoffLimitExceeded" in failed.fail
+    gone = decide_without_pod({CAPACITY_TAG: "scheduled"}, None, None)
+    assert gone.tags == {CAPACITY_TAG: "lost", CAPACITY_REASON_TAG: "PodLost"} and "re-execute" in gone.fail

@@ -1,0 +1,24 @@
+"""The examples in the docstrings of the public API and of small pure helpers run as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "gpufn_dagster.assets", "gpufn_dagster.checks", "gpufn_dagster.classes", "gpufn_dagster.code_version",
+    "gpufn_dagster.components.function_column", "gpufn_dagster.definitions", "gpufn_dagster.functions",
+    "gpufn_dagster.k8s_syntax", "gpufn_dagster.options", "gpufn_dagster.refresh.engine",
+    "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
+    "gpufn_dagster.run.shared", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
+    "gpufn_dagster.views",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples that write tables write them here
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, result

@@ -1,0 +1,64 @@
+"""Unit layer (no cluster): GPU requests -> one class -> pod configuration, and its enforcement."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.errors import PlacementError
+from gpufn_dagster.run.placement import enforce_placement, gpu_requests, placement_k8s_config, resolve_placement
+
+from ..conftest import CLASSES
+
+CLASSES_BY_NAME = load_gpu_classes(CLASSES)
+
+
+def test_requests_take_the_largest_count_per_class_and_ignore_cpu_steps():
+    tags = [{"gpufn/gpu-class": "l4", "gpufn/gpu-count": "1"}, {"gpufn/gpu-class": "l4", "gpufn/gpu-count": "3"},
+            {"gpufn/gpu-count": "0"}, None, {}]
+    assert gpu_requests(tags) == {"l4": 3}
+    assert resolve_placement({}, CLASSES_BY_NAME) is None
+
+
+def test_mixed_unknown_and_oversized_requests_are_refused():
+    with pytest.raises(PlacementError, match="2 GPU classes: a100-80gb .2 GPU., l4 .1 GPU."):
+        resolve_placement({"l4": 1, "a100-80gb": 2}, CLASSES_BY_NAME)
+    with pytest.raises(PlacementError, match="unknown GPU class 'v100'; configured classes: a100-80gb"):
+        resolve_placement({"v100": 1}, CLASSES_BY_NAME)
+    with pytest.raises(PlacementError, match="9 GPUs requested of class 'h100-80gb'"):
+        resolve_placement({"h100-80gb": 9}, CLASSES_BY_NAME)
+
+
+def test_pod_config_of_a_class_with_affinity():
+    placement = resolve_placement({"h100-80gb": 4}, CLASSES_BY_NAME)
+    config = placement_k8s_config(placement)
+    assert config["container_config"]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert config["pod_spec_config"]["node_selector"]["karpenter.k8s.aws/instance-gpu-name"] == "h100"
+    terms = config["pod_spec_config"]["affinity"]["node_affinity"][
+        "required_during_scheduling_ignored_during_execution"]["node_selector_terms"]
+    assert terms == [{"match_expressions": [{"key": "karpenter.sh/capacity-type", "operator": "In",
+                                             "values": ["on-demand", "reserved"]}]}]
+    assert config["pod_template_spec_metadata"]["labels"] == {"gpufn.dev/gpu-class": "h100-80gb",
+                                                              "gpufn.dev/gpu-count": "4"}
+
+
+def test_enforcement_keeps_user_narrowing_and_drops_widening():
+    placement = resolve_placement({"h100-80gb": 1}, CLASSES_BY_NAME)
+    user = {
+        "container_config": {"resources": {"limits": {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "2",
+                                                      "memory": "1Gi"}}},
+        "pod_spec_config": {"node_name": "anywhere", "node_selector": {"zone": "a", "nvidia.com/gpu.product": "T4"},
+                            "tolerations": [{"key": "spot", "operator": "Exists"}],
+                            "affinity": {"node_affinity": {"required_during_scheduling_ignored_during_execution": {
+                                "node_selector_terms": [{"match_expressions": [
+                                    {"key": "any", "operator": "Exists"}]}]}}}},
+    }
+    out = enforce_placement(user, placement)
+    assert out["container_config"]["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "128Gi"}
+    assert "node_name" not in out["pod_spec_config"]
+    assert out["pod_spec_config"]["node_selector"]["zone"] == "a"
+    assert out["pod_spec_config"]["node_selector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert {"key": "spot", "operator": "Exists"} in out["pod_spec_config"]["tolerations"]
+    terms = out["pod_spec_config"]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"]
+    assert terms["node_selector_terms"][0]["match_expressions"][0]["key"] == "karpenter.sh/capacity-type"
+    assert len(terms["node_selector_terms"]) == 1

@@ -1,0 +1,76 @@
+"""Unit layer: one vocabulary, one error base, and an embedded mode that never loads the Kubernetes client."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from gpufn_dagster import errors
+from gpufn_dagster.tags import PREFIX, CapacityReason, CapacityState
+
+from ..conftest import REPO
+
+PACKAGE = REPO / "gpufn_dagster"
+README = (REPO / "README.md").read_text()
+
+
+def _sources():
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_gpufn_key_is_spelled_in_the_tags_module_only():
+    spelled = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PREFIX):
+                spelled.setdefault(node.value, set()).add(path.relative_to(REPO).as_posix())
+    outside = {key: files for key, files in spelled.items() if files != {"gpufn_dagster/tags.py"}}
+    # Doctest examples are text, not code: they show the keys as a user sees them.
+    assert outside == {}, outside
+
+
+def test_every_capacity_state_and_reason_a_tag_takes_is_in_the_readme():
+    written = [s for s in CapacityState if s is not CapacityState.PENDING]
+    assert {s.value for s in written} >= {"running", "timed-out", "waiting", "scheduled", "never-fits"}
+    missing = [s.value for s in written if f"`{s.value}`" not in README]
+    assert missing == [], f"README does not list capacity states {missing}"
+    missing = [r.value for r in CapacityReason if f"`{r.value}`" not in README]
+    assert missing == [], f"README does not list capacity reasons {missing}"
+    assert all(r.value[0].isupper() and r.value.isalnum() for r in CapacityReason)
+
+
+def test_dagster_k8s_config_tag_is_dagster_k8s_own_key():
+    from dagster_k8s.job import USER_DEFINED_K8S_CONFIG_KEY
+
+    from gpufn_dagster.tags import K8S_CONFIG_TAG
+
+    assert K8S_CONFIG_TAG == USER_DEFINED_K8S_CONFIG_KEY
+
+
+def test_every_error_the_package_defines_is_a_gpufn_error_from_the_errors_module():
+    defined_elsewhere = []
+    for path in _sources():
+        if path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception")) for b in node.bases):
+                defined_elsewhere.append(f"{path.name}:{node.name}")
+    assert defined_elsewhere == []
+    classes = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, Exception)]
+    assert len(classes) > 10 and all(issubclass(c, errors.GpufnError) for c in classes)
+
+
+def test_embedded_mode_never_imports_the_kubernetes_client():
+    code = ("import sys, gpufn_dagster, gpufn_dagster.local, gpufn_dagster.components, gpufn_dagster.triggers, "
+            "gpufn_dagster.checks, gpufn_dagster.cli\n"
+            "import docs_pipeline.udfs\n"
+            "print(sorted(m for m in ('kubernetes', 'dagster_k8s', 'gpufn_devcluster', 'cryptography') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    # ...while the Kubernetes path does load it (so the check above can fail).
+    out = subprocess.run([sys.executable, "-c", "import sys, gpufn_dagster.launcher; print('dagster_k8s' in sys.modules)"],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "True"
