@@ -18,7 +18,6 @@ from gpufn_dagster import build_definitions, gpu_function, materialized_view_ass
 from gpufn_dagster.checks import function_checks
 from gpufn_dagster.classes import CLASSES_DIR_ENV
 from gpufn_dagster.resources import DB_URI_ENV
-from gpufn_dagster.run.watch import capacity_sensor
 from gpufn_dagster.triggers import refresh_schedule, table_sensor
 
 HERE = Path(__file__).parent
@@ -37,6 +36,7 @@ defs = build_definitions(
     assets=[docs, *refreshed],
     asset_checks=[*function_checks(embedding), *function_checks(word_count)],
     schedules=[refresh_schedule("nightly_docs_refresh", "0 3 * * *", refreshed)],
-    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=15, running=True), capacity_sensor()],
+    # On Kubernetes add gpufn_dagster.run.watch.capacity_sensor(); the embedded default waits in the run queue.
+    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=15, running=True)],
     db_uri=DB_URI,
 )

@@ -9,7 +9,7 @@ from gpufn_dagster.resources import STABLE_ROW_IDS
 from gpufn_dagster.sample import sample_docs
 
 EMBEDDING_DIM = 384
-SAMPLE_ROWS = 2_000
+SAMPLE_ROWS = 500  # small enough that the first Materialize all takes seconds on a laptop CPU
 
 
 @dg.asset(kinds={"lance"}, group_name="docs")

@@ -1,4 +1,5 @@
-"""The example pipeline declared in YAML (`docs_pipeline/defs/*/defs.yaml`), plus its source table.
+"""The example pipeline declared in YAML (`docs_pipeline/defs/*/defs.yaml`: Functions, the view, the
+nightly schedule and the table sensor), plus its source table.
 
     dagster dev -m docs_pipeline.yaml_definitions
 """
@@ -22,6 +23,7 @@ DB_URI = os.environ.setdefault(DB_URI_ENV, str(ROOT / ".gpufn_data" / "lancedb")
 def _build():
     components = load_from_defs_folder(path_within_project=ROOT)  # [tool.dg] in pyproject.toml
     return build_definitions(assets=[docs, *components.assets], asset_checks=list(components.asset_checks or []),
+                             schedules=list(components.schedules or []), sensors=list(components.sensors or []),
                              db_uri=DB_URI)
 
 

@@ -1,18 +1,33 @@
-"""GPU Functions on LanceDB tables as Dagster assets."""
+"""GPU Functions on LanceDB tables as Dagster assets.
 
-from .assets import function_asset, function_of, gpu_function
-from .classes import GpuClass, list_gpu_classes, load_gpu_classes
-from .definitions import build_definitions
-from .errors import FunctionDefinitionError, GpuClassError, GpufnError, TableNotFound
-from .functions import Function, make_function
-from .options import FunctionOptions
-from .refresh.engine import RefreshResult, refresh_column
-from .resources import LanceDBResource
-from .views import materialized_view_asset
+The names below are imported on first use, so `gpufn --help` and a class listing do not pay for
+Dagster, LanceDB and the refresh engine.
+"""
 
-__all__ = [
-    "Function", "FunctionDefinitionError", "FunctionOptions", "GpuClass", "GpuClassError", "GpufnError",
-    "LanceDBResource", "RefreshResult", "TableNotFound", "build_definitions", "function_asset", "function_of",
-    "gpu_function", "list_gpu_classes", "load_gpu_classes", "make_function", "materialized_view_asset",
-    "refresh_column",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Function": "functions", "FunctionDefinitionError": "errors", "FunctionOptions": "options",
+    "GpuClass": "classes", "GpuClassError": "errors", "GpufnError": "errors", "LanceDBResource": "resources",
+    "RefreshResult": "refresh.engine", "TableNotFound": "errors", "build_definitions": "definitions",
+    "function_asset": "assets", "function_of": "assets", "gpu_function": "assets", "list_gpu_classes": "classes",
+    "load_gpu_classes": "classes", "make_function": "functions", "materialized_view_asset": "views",
+    "refresh_column": "refresh.engine",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

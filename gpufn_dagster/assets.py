@@ -93,6 +93,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
         "dagster/row_count": result.rows_total,
     }
+    if result.load_seconds >= 0.05:
+        metadata["load_seconds"] = dg.FloatMetadataValue(round(result.load_seconds, 2))
     if result.lease_wait_seconds >= 0.5:
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
     if function.gpu_count and gpu_class is not None:

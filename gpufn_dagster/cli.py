@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -98,15 +100,31 @@ def devcluster(nodes_per_class: int, cpu_nodes: int, classes_dir: str | None) ->
         signal.sigwait(stop)
 
 
+# Where the README's `dagster dev` keeps its instance (run history, sensor cursors) in a checkout.
+PROJECT_HOME = ".dagster_home"
+
+
+def _dagster_home() -> Path | None:
+    """$DAGSTER_HOME, else the project's own home beside this directory's dagster.yaml, else None."""
+    if os.environ.get("DAGSTER_HOME"):
+        return Path(os.environ["DAGSTER_HOME"])
+    home = Path(PROJECT_HOME)
+    return home.resolve() if (home / "dagster.yaml").is_file() else None
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def capacity(as_json: bool) -> None:
-    """Runs waiting for GPU capacity, per class (reads the Dagster instance in $DAGSTER_HOME)."""
+    """Runs waiting for GPU capacity, per class (the instance in $DAGSTER_HOME, else ./.dagster_home)."""
+    home = _dagster_home()
+    if home is None:
+        raise click.ClickException(f"no Dagster instance here: set DAGSTER_HOME, or run this where the README's "
+                                   f"`dagster dev` runs (it keeps its instance in ./{PROJECT_HOME})")
     from dagster import DagsterInstance
 
     from .run.shared import waiting_runs
 
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.from_config(str(home)) as instance:
         waiting = waiting_runs(instance)
     if as_json:
         click.echo(json.dumps({name: [{"run_id": r, "waited_seconds": round(w, 1)} for r, w in items]

@@ -58,6 +58,7 @@ class CapacityState(str, Enum):
     FAILING = "failing"          # its pod is failing to start (image pull, crash; not a capacity wait)
     REPLACING = "replacing"      # its pod vanished before the worker started; its Job is making a new one
     LOST = "lost"                # its pod and Job are gone, or the Job failed, before the worker started
+    RELEASED = "released"        # the run ended: it holds and waits for no GPU capacity any more
     PENDING = "pending"          # a verdict only (the scheduler has not looked yet); never written as a tag
 
 
@@ -74,6 +75,7 @@ class CapacityReason(str, Enum):
     POD_REPLACING = "PodReplacing"
     POD_LOST = "PodLost"
     JOB_FAILED = "JobFailed"
+    RUN_ENDED = "RunEnded"
     # The kubelet's own reasons for a container that does not start (not a capacity wait).
     ERR_IMAGE_PULL = "ErrImagePull"
     IMAGE_PULL_BACK_OFF = "ImagePullBackOff"

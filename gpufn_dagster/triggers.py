@@ -5,7 +5,10 @@ restarts). A new version starts one run, keyed `<table>@v<version>`, so the same
 starts two runs; several versions between ticks collapse into one refresh, which covers them all.
 Versions written by gpufn itself (refresh commits, column declarations) and by maintenance
 (compaction, indexes) are not data changes and start nothing -- otherwise every refresh would
-trigger the next one.
+trigger the next one. Nor do versions a refresh already covered: while a run that will refresh a
+target is in progress (a Materialize all, say) the sensor waits for it, and afterwards starts a run
+only for rows that changed after the version those refreshes read (recorded in their
+materializations), so a table created by Materialize all does not start a second, empty refresh.
 """
 
 from __future__ import annotations
@@ -41,6 +44,55 @@ def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
             continue  # a gpufn refresh wrote computed values
         return True
     return False
+
+
+_IN_PROGRESS = {dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+                dg.DagsterRunStatus.STARTED}
+
+
+def _refreshing(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey]) -> dg.DagsterRun | None:
+    """A run in progress that will materialize one of these assets, if any."""
+    for key in keys:
+        planned = instance.get_latest_planned_materialization_info(key)
+        run = instance.get_run_by_id(planned.run_id) if planned else None
+        if run is not None and run.status in _IN_PROGRESS:
+            return run
+    return None
+
+
+def _resolved(context: dg.SensorEvaluationContext,
+              targets: Sequence[dg.AssetsDefinition | str]) -> list[dg.AssetsDefinition | str]:
+    """Targets named by key (as YAML names them) as the code location's assets, where it has them."""
+    assets = context.repository_def.assets_defs_by_key if context.repository_def is not None else {}
+    return [assets.get(dg.AssetKey(t), t) if isinstance(t, str) else t for t in targets]
+
+
+def _read_key(target: dg.AssetsDefinition | str, table: str) -> str | None:
+    """The materialization metadata key that holds the version of `table` a target's refresh read:
+    a Function on it reads `table_version_before`, a view of it `source_version`; None otherwise."""
+    if not isinstance(target, dg.AssetsDefinition) or len(target.keys) != 1:
+        return None
+    function = function_of(target)
+    if function is not None:
+        return "table_version_before" if function.table == table else None
+    source = target.specs_by_key[target.key].metadata.get("source_table")
+    return "source_version" if getattr(source, "value", source) == table else None
+
+
+def covered_version(instance: dg.DagsterInstance, targets: Sequence[dg.AssetsDefinition | str],
+                    table: str) -> int | None:
+    """The version of `table` up to which every target reading it is refreshed (None: one never was)."""
+    read = []
+    for target in targets:
+        key = _read_key(target, table)
+        if key is None:
+            continue
+        event = instance.get_latest_materialization_event(target.key)
+        value = event.asset_materialization.metadata.get(key) if event and event.asset_materialization else None
+        if value is None:
+            return None
+        read.append(int(value.value))
+    return min(read) if read else None
 
 
 def operations_since(dataset: lance.LanceDataset, version: int) -> list[tuple[str, str]]:
@@ -139,6 +191,7 @@ def table_sensor(
         ('docs_changed', 15)
     """
     job = refresh_job(f"{name or table + '_changed'}_job", targets)
+    keys = [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
 
     @dg.sensor(name=name or f"{table}_changed", job=job, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
@@ -152,9 +205,19 @@ def table_sensor(
         last = int(context.cursor) if context.cursor else None
         if last is not None and version <= last:
             return dg.SkipReason(f"table {table!r} unchanged since version {last}")
-        if last is not None and not changed_data(operations_since(dataset, last)):
+        running = _refreshing(context.instance, keys)
+        if running is not None:
+            return dg.SkipReason(f"run {running.run_id[:8]} is refreshing these assets; table {table!r} version "
+                                 f"{version} is looked at again once it ends")
+        covered = covered_version(context.instance, _resolved(context, targets), table)
+        base = max(v for v in (last, covered, -1) if v is not None)
+        if base >= 0 and version <= base:
             return dg.SensorResult(skip_reason=dg.SkipReason(
-                f"table {table!r} versions {last + 1}..{version} changed no rows (gpufn refreshes, maintenance)"),
+                f"table {table!r} version {version} is already refreshed (its Functions and views read version "
+                f"{covered})"), cursor=str(version))
+        if base >= 0 and not changed_data(operations_since(dataset, base)):
+            return dg.SensorResult(skip_reason=dg.SkipReason(
+                f"table {table!r} versions {base + 1}..{version} changed no rows (gpufn refreshes, maintenance)"),
                 cursor=str(version))
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",

@@ -12,10 +12,12 @@
 and builds exactly the asset `gpu_function` builds, so YAML and Python declarations are
 interchangeable. Unknown fields are rejected by Dagster's schema check with the file and line; a
 bad import path, an unknown class, too many GPUs or a bad output type are reported with the file
-and the field.
+and the field. `RefreshSchedule` and `TableSensor` declare a pipeline's schedule and sensor the
+same way.
 """
 
 from .function_column import FunctionColumn
 from .materialized_view import MaterializedView
+from .triggers import RefreshSchedule, TableSensor
 
-__all__ = ["FunctionColumn", "MaterializedView"]
+__all__ = ["FunctionColumn", "MaterializedView", "RefreshSchedule", "TableSensor"]

@@ -55,31 +55,81 @@ _COMMIT_ATTEMPTS = 5
 
 @dataclass
 class Progress:
-    """What the run log shows during a long refresh."""
+    """What the run log shows during a long refresh: loading the Function, then the rows.
+
+    The rate and the time left are those of computing alone: the clock starts when this attempt's
+    rows start and stops while the Function loads (a model can take longer than the rows), so the
+    first estimate is not skewed by the load.
+
+    >>> p = Progress(rows_to_scan=1000, started=0.0)
+    >>> p.rows_scanned, p.rows_computed = 250, 200
+    >>> p.line(now=10.0)
+    '250/1,000 rows checked, 200 computed, 0 failed, 25 rows/s, 30s left'
+    >>> p.loading_since = 10.0
+    >>> p.line(now=14.0)
+    'loading the Function: 4s so far (250/1,000 rows checked)'
+    """
 
     rows_scanned: int = 0
     rows_to_scan: int = 0
     rows_computed: int = 0
     rows_failed: int = 0
     started: float = field(default_factory=time.monotonic)
+    load_seconds: float = 0.0  # spent constructing the Function's callable (loading a model)
+    loading_since: float | None = None  # set while it loads
 
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
+    def restart(self, rows_to_scan: int) -> None:
+        """A new attempt (after a commit race) counts from zero: the final numbers are its own."""
+        self.rows_scanned = self.rows_computed = self.rows_failed = 0
+        self.rows_to_scan, self.started, self.load_seconds = rows_to_scan, time.monotonic(), 0.0
 
-    @property
-    def rate(self) -> float:
-        return self.rows_scanned / self.elapsed if self.elapsed > 0 else 0.0
+    def computing_seconds(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        loading = now - self.loading_since if self.loading_since is not None else 0.0
+        return max(now - self.started - self.load_seconds - loading, 0.0)
 
-    @property
-    def seconds_left(self) -> float | None:
-        return (self.rows_to_scan - self.rows_scanned) / self.rate if self.rate > 0 else None
+    def rate(self, now: float | None = None) -> float:
+        seconds = self.computing_seconds(now)
+        return self.rows_scanned / seconds if seconds > 0 else 0.0
 
-    def line(self) -> str:
-        left = self.seconds_left
+    def seconds_left(self, now: float | None = None) -> float | None:
+        rate = self.rate(now)
+        return (self.rows_to_scan - self.rows_scanned) / rate if rate > 0 else None
+
+    def line(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        checked = f"{self.rows_scanned:,}/{self.rows_to_scan:,} rows checked"
+        if self.loading_since is not None:
+            return f"loading the Function: {now - self.loading_since:.0f}s so far ({checked})"
+        left = self.seconds_left(now)
         eta = f"{left:.0f}s left" if left is not None else "time left unknown"
-        return (f"{self.rows_scanned:,}/{self.rows_to_scan:,} rows checked, {self.rows_computed:,} computed, "
-                f"{self.rows_failed:,} failed, {self.rate:,.0f} rows/s, {eta}")
+        loaded = f" (Function loaded in {self.load_seconds:.1f}s)" if self.load_seconds else ""
+        return (f"{checked}, {self.rows_computed:,} computed, {self.rows_failed:,} failed, "
+                f"{self.rate(now):,.0f} rows/s, {eta}{loaded}")
+
+
+class _Ticker:
+    """Reports the progress every `every` seconds from its own thread, however long one batch or
+    the Function's loading takes (and once more when it stops)."""
+
+    def __init__(self, report: Callable[[Progress], None] | None, progress: Progress, every: float):
+        self.report, self.progress, self.every = report, progress, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufn-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.report(self.progress)
+
+    def __enter__(self) -> _Ticker:
+        if self.report is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 @dataclass
@@ -124,10 +174,13 @@ class RefreshResult:
     errors: list[RowError]
     recovered: list[int]
     leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
+    load_seconds: float = 0.0  # constructing the Function's callable (loading its model), all attempts
+    compute_seconds: float = 0.0  # the final attempt's rows, the load left out
 
     @property
     def rows_per_second(self) -> float:
-        return self.rows_computed / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        """Rows computed per second of computing (not of waiting for a lease or loading a model)."""
+        return self.rows_computed / self.compute_seconds if self.compute_seconds > 0 else 0.0
 
 
 @dataclass
@@ -142,14 +195,12 @@ class _Attempt:
     """State shared by the fragment workers of one plan-compute-commit attempt."""
 
     def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
-                 written: WrittenFiles, report: Callable[[Progress], None] | None, report_every: float,
-                 progress: Progress, call: Any):
+                 written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any):
         self.dataset, self.function, self.store, self.written = dataset, function, store, written
-        self.report, self.report_every, self.progress = report, report_every, progress
+        self.report, self.progress = report, progress
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
         self.call = call
-        self.last_report = time.monotonic()
         names = [*function.columns, function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
         self.out_ids = field_ids(dataset, names)
@@ -160,17 +211,28 @@ class _Attempt:
     def compute(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.Array, list[RowError]]:
         with self.call_lock:
             if self.call is None:
-                self.call = self.function.open()
+                self.call = self._load()
             return call_function(self.call, self.function, inputs, addresses)
+
+    def _load(self) -> Any:
+        """Construct the Function's callable (a class loads its model here): only once some row needs
+        computing, timed apart from the rows, and said in the run log as it starts and ends."""
+        self.progress.loading_since = time.monotonic()
+        if self.report:
+            self.report(self.progress)
+        try:
+            return self.function.open()
+        finally:
+            self.progress.load_seconds += time.monotonic() - self.progress.loading_since
+            self.progress.loading_since = None
+            if self.report:
+                self.report(self.progress)
 
     def advance(self, scanned: int, outcome: Outcome) -> None:
         with self.lock:
             self.progress.rows_scanned += scanned
             self.progress.rows_computed += outcome.computed
             self.progress.rows_failed += len(outcome.errors)
-            if self.report and time.monotonic() - self.last_report >= self.report_every:
-                self.report(self.progress)
-                self.last_report = time.monotonic()
 
 
 def _outputs(attempt: _Attempt, batch: pa.RecordBatch, addresses: np.ndarray,
@@ -394,6 +456,7 @@ def refresh_column(
     check_upstream(dataset, function, upstream)
     progress = Progress()
     visited = rewritten = 0
+    load_seconds = computing = 0.0
     workers = concurrency or min(4, os.cpu_count() or 1)
     call: Any = None
     with ColumnLease(table_uri, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
@@ -406,11 +469,14 @@ def refresh_column(
             state = load_state(dataset.uri, function.sig_column)
             for _attempt in range(_COMMIT_ATTEMPTS):
                 work = plan_fragments(dataset, function, state)
-                visited += len(work)
-                progress.rows_to_scan = progress.rows_scanned + sum(w.live_rows for w in work)
-                attempt = _Attempt(dataset, function, store, written, report, report_every, progress, call)
-                results = _compute(attempt, work, workers)
+                visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
+                progress.restart(sum(w.live_rows for w in work))
+                attempt = _Attempt(dataset, function, store, written, report, progress, call)
+                with _Ticker(report, progress, report_every):
+                    results = _compute(attempt, work, workers)
                 call = attempt.call
+                load_seconds += progress.load_seconds
+                computing = progress.computing_seconds()
                 total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
                 for result in results:
                     total.add(result.outcome)
@@ -449,5 +515,5 @@ def refresh_column(
         rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
         fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
         lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
-        leftover_files_removed=files_removed,
+        leftover_files_removed=files_removed, load_seconds=load_seconds, compute_seconds=computing,
     )

@@ -30,10 +30,10 @@ from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 
-from ..classes import cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, WAITING_SINCE_TAG, CapacityReason,
-                    CapacityState, gpu_tags, seconds_from_tag, time_tag)
-from .shared import CLASSES_DIR_CONFIG, RunKind, plan_run
+from ..classes import GpuClass, cached_gpu_classes
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG,
+                    WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_tags, seconds_from_tag, time_tag)
+from .shared import CLASSES_DIR_CONFIG, RunKind, plan_run, release_ended_runs
 
 _ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
@@ -58,10 +58,32 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         return coordinator
 
     def get_run_queue_config(self):
+        # The queue daemon asks for this on every pass: the beat on which ended runs give their
+        # local slot's tag back and waits past the class's max_wait end (nothing else in the
+        # embedded path runs while a run waits).
+        classes = cached_gpu_classes(self._classes_dir)
+        release_ended_runs(self._instance)
+        self._end_overdue_waits(classes)
         config = super().get_run_queue_config()
-        slots = [{"key": GPU_CLASS_TAG, "value": c.name, "limit": c.local.slots}
-                 for c in cached_gpu_classes(self._classes_dir).values()]
+        slots = [{"key": GPU_CLASS_TAG, "value": c.name, "limit": c.local.slots} for c in classes.values()]
         return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, *slots])
+
+    def _end_overdue_waits(self, classes: dict[str, GpuClass], now: float | None = None) -> None:
+        """Fail queued GPU runs that waited longer than their class's `max_wait` (as on Kubernetes)."""
+        now = time.time() if now is None else now
+        waiting = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
+                                                     tags={CAPACITY_TAG: CapacityState.WAITING.value}))
+        for run in waiting:
+            gpu_class = classes.get(run.tags.get(GPU_CLASS_TAG, ""))
+            if gpu_class is None or gpu_class.max_wait is None or WAITING_SINCE_TAG not in run.tags:
+                continue
+            waited = now - seconds_from_tag(run.tags[WAITING_SINCE_TAG])
+            if waited > gpu_class.max_wait.total_seconds():
+                self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
+                                                         CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
+                self._instance.report_run_failed(run, (
+                    f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
+                    f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use"))
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
@@ -70,6 +92,14 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         if plan.kind is RunKind.GPU:
             placement = plan.placement
             gpu_class = placement.gpu_class
+            if gpu_class.local.slots == 0:
+                # A queue limit of 0 would hold the run forever: refuse it now, saying why.
+                self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
+                                                         PLACEMENT_TAG: PLACEMENT_REJECTED})
+                self._instance.report_run_failed(run, (
+                    f"GPU class {gpu_class.name!r} has local.slots: 0, so no run of it can start on this machine "
+                    "(embedded mode); give it slots in its class file, or run it on Kubernetes"))
+                return self._instance.get_run_by_id(run.run_id)
             busy = self._instance.get_runs(RunsFilter(statuses=_ACTIVE, tags={GPU_CLASS_TAG: gpu_class.name}))
             queued = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
                                                         tags={GPU_CLASS_TAG: gpu_class.name}))

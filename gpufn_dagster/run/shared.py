@@ -19,7 +19,8 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, WAITING_SINCE_TAG, CapacityState, seconds_from_tag
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, WAITING_SINCE_TAG, CapacityReason,
+                    CapacityState, seconds_from_tag)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -93,6 +94,27 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
             resolve_placement({name: count}, classes)
         return RunPlan(RunKind.PER_STEP)
     return RunPlan(RunKind.GPU, resolve_placement(requests, classes))
+
+
+# What a run's capacity tag says while it waits for or holds GPU capacity (not once it failed for it).
+_HOLDING = [CapacityState.WAITING, CapacityState.RUNNING, CapacityState.SCHEDULED, CapacityState.GATED,
+            CapacityState.FAILING, CapacityState.REPLACING]
+_ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+
+
+def release_ended_runs(instance: DagsterInstance, limit: int = 100) -> list[str]:
+    """Mark runs that ended while their tag still said they wait for or hold GPUs as `released`.
+
+    Nothing in Dagster tells a launcher that a run ended, so both paths call this on their own
+    beat (the embedded queue's every pass, the watcher's every tick): the runs list then shows
+    which runs hold GPUs now, not which ever did. Returns the run ids it marked.
+    """
+    runs = instance.get_runs(RunsFilter(statuses=_ENDED, tags={CAPACITY_TAG: [s.value for s in _HOLDING]}),
+                             limit=limit)
+    for run in runs:
+        instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.RELEASED.value,
+                                           CAPACITY_REASON_TAG: CapacityReason.RUN_ENDED.value})
+    return [run.run_id for run in runs]
 
 
 def visible_devices(run_tags: dict[str, str], devices: list[str]) -> str | None:

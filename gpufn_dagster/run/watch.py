@@ -43,7 +43,7 @@ from .capacity import Decision, State, class_nodes, decide, decide_without_pod, 
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL
-from .shared import RunKind
+from .shared import RunKind, release_ended_runs
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
@@ -157,6 +157,7 @@ class CapacityWatcher:
             self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
 
         self._delete_orphans(jobs, report)
+        release_ended_runs(self.instance)
         return report
 
     def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:

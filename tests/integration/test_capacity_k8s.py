@@ -142,9 +142,12 @@ def test_run_failed_elsewhere_leaves_no_job_behind(cluster, core, namespace, ins
     """E.g. run monitoring's start timeout, which fails a STARTING run without deleting its Job."""
     run_id = materialize(instance, "frames__emb_a100")
     wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
     instance.report_run_failed(instance.get_run_by_id(run_id), "Run timed out due to taking longer than 180 seconds")
     report = watcher.tick()
     assert len(report.deleted_jobs) == 1
+    assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "released"  # the present, not its last wait
     wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
              what="orphan pod deleted")
 

@@ -54,6 +54,11 @@ def test_yaml_and_python_declare_the_same_assets(example_modules):
     assert python_assets["docs__embedding"][0]["gpufn/gpu-class"] == "default"
     assert {"lance", "gpu"} <= python_assets["docs__embedding"][1]
     assert python_assets["docs_en__shout"][2] == {"docs_en"}
+    # ...and the same schedule and sensor.
+    for kind in ("schedules", "sensors"):
+        python_side = {(d.name, getattr(d, "cron_schedule", None)) for d in getattr(python_defs, kind)}
+        assert python_side == {(d.name, getattr(d, "cron_schedule", None)) for d in getattr(yaml_defs, kind)}, kind
+    assert {d.name for d in yaml_defs.sensors} == {"docs_changed"}
 
 
 def test_yaml_pipeline_materializes(example_modules, tmp_path):

@@ -183,9 +183,41 @@ def test_progress_is_logged_with_rate_and_time_left(db_uri):
     lines = []
     function = function_of(gpu_function(table="docs", column="shout", batch_size=10)(shout))
     refresh_column(open_table(db_uri).to_lance().uri, function, report=lambda p: lines.append(p.line()),
-                   report_every=0)
+                   report_every=0.01)
     assert any("rows checked" in line and "rows/s" in line and "left" in line for line in lines)
     assert lines[-1].startswith("100/100 rows checked, 100 computed, 0 failed")
+
+
+class SlowModel:
+    """A Function whose model takes a while to load, and whose second batch takes long too."""
+
+    def __init__(self):
+        time.sleep(1.5)
+        self.batches = 0
+
+    def __call__(self, text: pa.Array) -> pa.Array:
+        self.batches += 1
+        time.sleep(1.5 if self.batches == 2 else 0.0)
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+
+def test_loading_the_model_is_reported_apart_and_progress_keeps_its_interval(db_uri):
+    make_docs(db_uri, 100)
+    stamped: list[tuple[float, str]] = []
+    function = function_of(gpu_function(table="docs", column="shout", output_type=pa.string(),
+                                         batch_size=50)(SlowModel))
+    result = refresh_column(open_table(db_uri).to_lance().uri, function, report_every=0.25,
+                            report=lambda p: stamped.append((time.monotonic(), p.line())))
+    loading = [line for _, line in stamped if line.startswith("loading the Function")]
+    assert len(loading) >= 3, stamped   # said while it loads, not only after
+    assert 1.4 <= result.load_seconds < result.wall_seconds
+    # The slow second batch did not silence the log: lines kept coming at about the promised interval.
+    gaps = [b - a for (a, _), (b, _) in zip(stamped, stamped[1:])]
+    assert max(gaps) < 1.2, gaps
+    # rows/s is of computing alone: the 1.5 s load is not in it.
+    assert result.compute_seconds < result.wall_seconds - 1.4
+    assert result.rows_per_second == pytest.approx(100 / result.compute_seconds)
+    assert "Function loaded in 1." in stamped[-1][1]
 
 
 KILLABLE = textwrap.dedent("""

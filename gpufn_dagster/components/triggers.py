@@ -1,0 +1,46 @@
+"""`RefreshSchedule` and `TableSensor`: the example's schedule and sensor, declared in YAML."""
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import dagster as dg
+
+from ..triggers import refresh_schedule, table_sensor
+
+
+def _described(description: str) -> dg.Resolver:
+    return dg.Resolver.default(description=description)
+
+
+Targets = Annotated[list[str], _described(
+    "The Function and view assets to refresh, by asset key ('docs__embedding', 'docs_en').")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefreshSchedule(dg.Component, dg.Resolvable):
+    """Refresh Functions and views on a cron schedule (see `refresh_schedule`)."""
+
+    name: Annotated[str, _described("The schedule's name (its job is '<name>_job').")]
+    cron: Annotated[str, _described("When, as a cron expression: '0 3 * * *' is 03:00 every day.")]
+    targets: Targets
+    timezone: Annotated[str, _described("The cron expression's time zone.")] = "UTC"
+    running: Annotated[bool, _described("Whether it starts running (default: stopped until turned on).")] = False
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return dg.Definitions(schedules=[refresh_schedule(self.name, self.cron, self.targets, timezone=self.timezone,
+                                                          running=self.running)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSensor(dg.Component, dg.Resolvable):
+    """Refresh Functions and views when rows of a table are added, updated or deleted (see `table_sensor`)."""
+
+    table: Annotated[str, _described("The LanceDB table to watch.")]
+    targets: Targets
+    name: Annotated[str | None, _described("The sensor's name (default '<table>_changed').")] = None
+    minimum_interval_seconds: Annotated[int, _described("How often it looks at the table's version.")] = 30
+    running: Annotated[bool, _described("Whether it starts running (default: stopped until turned on).")] = False
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return dg.Definitions(sensors=[table_sensor(self.table, self.targets, name=self.name, running=self.running,
+                                                    minimum_interval_seconds=self.minimum_interval_seconds)])

@@ -1,0 +1,41 @@
+"""Unit layer: the `gpufn` command answers at once and finds the instance the README's `dagster dev` uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..conftest import REPO
+
+GPUFN = [sys.executable, "-m", "gpufn_dagster.cli"]
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    return subprocess.run([*GPUFN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_help_does_not_import_dagster_or_lancedb(tmp_path: Path):
+    code = "import sys, gpufn_dagster.cli; print(sorted(m for m in ('dagster', 'lancedb', 'lance') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    started = time.monotonic()
+    assert run(["--help"], tmp_path).returncode == 0
+    assert time.monotonic() - started < 30  # generous on a loaded machine; about 0.3 s unloaded
+
+
+def test_capacity_finds_the_project_home_or_says_what_to_do(tmp_path: Path):
+    lost = run(["capacity"], tmp_path)
+    assert lost.returncode == 1 and "Traceback" not in lost.stderr
+    assert "no Dagster instance here: set DAGSTER_HOME" in lost.stderr and len(lost.stderr.strip().splitlines()) == 1
+    (tmp_path / ".dagster_home").mkdir()
+    shutil.copy(REPO / "dagster.yaml", tmp_path / ".dagster_home" / "dagster.yaml")
+    shutil.copytree(REPO / "classes", tmp_path / "classes")
+    found = run(["capacity", "--json"], tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == {}
