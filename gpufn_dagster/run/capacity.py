@@ -201,8 +201,11 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
                            f"Gave up waiting for GPU capacity of class {gpu_class.name!r} after {waited:.0f}s "
                            f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
                            f"Last scheduler message: {verdict.message}")
-        # The position is not part of the digest, or every wait would be re-reported whenever the queue moves.
-        digest = hashlib.sha1(f"{verdict.message}|{verdict.autoscaler}".encode()).hexdigest()[:12]
+        # What is reported is the reasons, not their wording: the scheduler rewrites its message as it
+        # retries (adding or dropping its "preemption: ..." part) without anything having changed.
+        # Nor is the position part of it, or every wait would be re-reported whenever the queue moves.
+        reasons = verdict.reasons.summary() if verdict.reasons else verdict.message
+        digest = hashlib.sha1(f"{reasons}|{verdict.autoscaler}".encode()).hexdigest()[:12]
         if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == State.WAITING.value:
             return Decision(State.WAITING, waited_seconds=waited)
         place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""

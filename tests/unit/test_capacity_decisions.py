@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpufn_dagster.classes import load_gpu_classes
-from gpufn_dagster.run.capacity import State, Verdict, decide, decide_without_pod
+from gpufn_dagster.run.capacity import State, Verdict, decide, decide_without_pod, parse_scheduler_message
 from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, WAITING_SINCE_TAG
 
 from ..conftest import CLASSES
@@ -20,6 +20,12 @@ def test_a_new_wait_is_tagged_and_told_once():
     assert "position 2 of 3" in first.event.message and FULL.message in first.event.message
     again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
     assert again.tags == {} and again.event is None and again.waited_seconds == 30
+    # The scheduler rewords its message as it retries (here: its preemption part); the reasons are the same.
+    reworded = Verdict(State.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
+                       "5 Preemption is not helpful for scheduling.", reasons=parse_scheduler_message(FULL.message))
+    plain = decide(Verdict(State.WAITING, "Unschedulable", FULL.message, reasons=reworded.reasons), {}, L4, 1, None,
+                   NOW)
+    assert decide(reworded, plain.tags, L4, 1, None, NOW + 10).event is None
     changed = Verdict(State.WAITING, "Unschedulable", FULL.message, autoscaler=("TriggeredScaleUp",))
     told = decide(changed, first.tags, L4, 1, (1, 3), NOW + 60)
     assert "Autoscaler: TriggeredScaleUp" in told.event.message
