@@ -7,13 +7,10 @@ are ISO 8601 in UTC.
 
 >>> time_tag(1796058073), seconds_from_tag("2026-11-30T17:01:13Z")
 ('2026-11-30T17:01:13Z', 1796058073.0)
->>> tag_value("0/5 nodes: Insufficient nvidia.com/gpu")
-'0-5-nodes-Insufficient-nvidia.com-gpu'
 """
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timezone
 from enum import Enum
 
@@ -92,11 +89,6 @@ CONTAINER_FAILING = frozenset({
     CapacityReason.CRASH_LOOP_BACK_OFF, CapacityReason.CREATE_CONTAINER_CONFIG_ERROR,
     CapacityReason.CREATE_CONTAINER_ERROR, CapacityReason.RUN_CONTAINER_ERROR,
 })
-
-
-def tag_value(text: str) -> str:
-    """Text squeezed into a Dagster asset tag value ([A-Za-z0-9_.-], at most 63 characters)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:63]
 
 
 def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:

@@ -28,7 +28,6 @@ from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CO
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
 AUTOSCALER_REASONS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
-State = CapacityState  # a verdict's state is one of the capacity states a run's tag shows
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def parse_scheduler_message(message: str) -> SchedulerReasons | None:
 class Verdict:
     """What a GPU run's pod is doing, as far as capacity is concerned."""
 
-    state: State
+    state: CapacityState
     reason: str = ""
     message: str = ""
     node: str | None = None
@@ -109,25 +108,25 @@ def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count:
     for status in statuses:
         waiting = _get(status, "state", "waiting")
         if waiting and _get(waiting, "reason") in CONTAINER_FAILING:
-            return Verdict(State.FAILING, _get(waiting, "reason"), _get(waiting, "message") or "", node=node)
+            return Verdict(CapacityState.FAILING, _get(waiting, "reason"), _get(waiting, "message") or "", node=node)
     if node:
-        return Verdict(State.SCHEDULED, node=node)
+        return Verdict(CapacityState.SCHEDULED, node=node)
     autoscaler = tuple(sorted({_get(e, "reason") for e in events if _get(e, "reason") in AUTOSCALER_REASONS}))
     conditions = _get(pod, "status", "conditions") or []
     scheduled = next((c for c in conditions if _get(c, "type") == "PodScheduled"), None)
     gates = _get(pod, "spec", "scheduling_gates") or _get(pod, "spec", "schedulingGates")
     if gates or (scheduled is not None and _get(scheduled, "reason") == "SchedulingGated"):
         names = ", ".join(_get(g, "name") or str(g) for g in gates or [])
-        return Verdict(State.GATED, "SchedulingGated", f"held by scheduling gates {names}".strip(), autoscaler=autoscaler)
+        return Verdict(CapacityState.GATED, "SchedulingGated", f"held by scheduling gates {names}".strip(), autoscaler=autoscaler)
     if scheduled is None or _get(scheduled, "status") != "False" or _get(scheduled, "reason") != "Unschedulable":
-        return Verdict(State.PENDING, autoscaler=autoscaler)
+        return Verdict(CapacityState.PENDING, autoscaler=autoscaler)
     message = _get(scheduled, "message") or ""
     reasons = parse_scheduler_message(message)
     if could_ever_fit(gpu_class, gpu_count, pool) is False:
-        return Verdict(State.NEVER_FITS, "Unschedulable",
+        return Verdict(CapacityState.NEVER_FITS, "Unschedulable",
                        f"no node of GPU class {gpu_class.name!r} has {gpu_count} x {gpu_class.resource_name} "
                        f"allocatable even when empty; the scheduler says: {message}", reasons=reasons, autoscaler=autoscaler)
-    return Verdict(State.WAITING, "Unschedulable", message, reasons=reasons, autoscaler=autoscaler)
+    return Verdict(CapacityState.WAITING, "Unschedulable", message, reasons=reasons, autoscaler=autoscaler)
 
 
 def queue_positions(waits: Mapping[str, tuple[str, float]]) -> dict[str, tuple[int, int]]:
@@ -182,7 +181,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", resource_name="nvidia.com/gpu", gpu_model="L4", gpu_memory="24GiB",
     ...               max_gpu_count_per_worker=8, max_wait="10m")
-    >>> wait = Verdict(State.WAITING, "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    >>> wait = Verdict(CapacityState.WAITING, "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
     >>> first = decide(wait, {}, l4, 1, (1, 1), now=1796058073)
     >>> first.tags["gpufn/capacity"], first.tags["gpufn/capacity-reason"], first.tags["gpufn/waiting-since"]
     ('waiting', 'Unschedulable', '2026-11-30T17:01:13Z')
@@ -193,11 +192,11 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     """
     previous_state = previous.get(CAPACITY_TAG)
     request = f"{gpu_count} x {gpu_class.resource_name}"
-    if verdict.state is State.WAITING:
+    if verdict.state is CapacityState.WAITING:
         since = seconds_from_tag(previous[WAITING_SINCE_TAG]) if WAITING_SINCE_TAG in previous else now
         waited = now - since
         if gpu_class.max_wait is not None and waited > gpu_class.max_wait.total_seconds():
-            return _failed(State.TIMED_OUT, CapacityReason.MAX_WAIT_EXCEEDED,
+            return _failed(CapacityState.TIMED_OUT, CapacityReason.MAX_WAIT_EXCEEDED,
                            f"Gave up waiting for GPU capacity of class {gpu_class.name!r} after {waited:.0f}s "
                            f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
                            f"Last scheduler message: {verdict.message}")
@@ -206,13 +205,13 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         # Nor is the position part of it, or every wait would be re-reported whenever the queue moves.
         reasons = verdict.reasons.summary() if verdict.reasons else verdict.message
         digest = hashlib.sha1(f"{reasons}|{verdict.autoscaler}".encode()).hexdigest()[:12]
-        if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == State.WAITING.value:
-            return Decision(State.WAITING, waited_seconds=waited)
+        if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
+            return Decision(CapacityState.WAITING, waited_seconds=waited)
         place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         return Decision(
-            State.WAITING,
-            {CAPACITY_TAG: State.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.UNSCHEDULABLE.value,
+            CapacityState.WAITING,
+            {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.UNSCHEDULABLE.value,
              WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest},
             Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}; {place}. "
                   f"Scheduler: {verdict.message}{autoscaler}",
@@ -222,20 +221,20 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
                    "Position": f"{position[0]} of {position[1]}" if position else "",
                    "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"}),
             waited_seconds=waited)
-    if verdict.state is State.SCHEDULED:
-        if previous_state == State.SCHEDULED.value:
-            return Decision(State.SCHEDULED)
-        tags = {CAPACITY_TAG: State.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value}
-        if previous_state != State.WAITING.value:
-            return Decision(State.SCHEDULED, tags)
+    if verdict.state is CapacityState.SCHEDULED:
+        if previous_state == CapacityState.SCHEDULED.value:
+            return Decision(CapacityState.SCHEDULED)
+        tags = {CAPACITY_TAG: CapacityState.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value}
+        if previous_state != CapacityState.WAITING.value:
+            return Decision(CapacityState.SCHEDULED, tags)
         waited = now - seconds_from_tag(previous.get(WAITING_SINCE_TAG, time_tag(now)))
-        return Decision(State.SCHEDULED, tags, Event(
+        return Decision(CapacityState.SCHEDULED, tags, Event(
             f"GPU capacity arrived: scheduled on node {verdict.node} after waiting {waited:.0f}s",
             {"Node": verdict.node, "Waited seconds": round(waited, 1), "GPU class": gpu_class.name}))
-    if verdict.state is State.NEVER_FITS:
-        return _failed(State.NEVER_FITS, CapacityReason.NEVER_FITS, f"This run can never start: {verdict.message}")
-    if verdict.state in (State.GATED, State.FAILING) and previous_state != verdict.state.value:
-        what = ("held by scheduling gates (not a capacity wait)" if verdict.state is State.GATED
+    if verdict.state is CapacityState.NEVER_FITS:
+        return _failed(CapacityState.NEVER_FITS, CapacityReason.NEVER_FITS, f"This run can never start: {verdict.message}")
+    if verdict.state in (CapacityState.GATED, CapacityState.FAILING) and previous_state != verdict.state.value:
+        what = ("held by scheduling gates (not a capacity wait)" if verdict.state is CapacityState.GATED
                 else f"pod is failing to start: {verdict.reason} (not a capacity wait)")
         return Decision(verdict.state, {CAPACITY_TAG: verdict.state.value, CAPACITY_REASON_TAG: verdict.reason},
                         Event(f"GPU run {what}: {verdict.message}", {"Reason": verdict.reason}))
@@ -254,17 +253,17 @@ def decide_without_pod(previous: Mapping[str, str], job: str | None, job_failure
     "The GPU run's Kubernetes Job and pod are gone before its run worker started"
     """
     if job is None:
-        return _failed(State.LOST, CapacityReason.POD_LOST,
+        return _failed(CapacityState.LOST, CapacityReason.POD_LOST,
                        "The GPU run's Kubernetes Job and pod are gone before its run worker started (deleted, or its "
                        "node was lost); re-execute the run.")
     if job_failure is not None:
-        return _failed(State.LOST, CapacityReason.JOB_FAILED,
+        return _failed(CapacityState.LOST, CapacityReason.JOB_FAILED,
                        f"The GPU run's Kubernetes Job {job} failed before its run worker started: {job_failure}")
-    had_pod = previous.get(CAPACITY_TAG) in (State.WAITING.value, State.SCHEDULED.value, State.GATED.value,
-                                             State.FAILING.value)
+    had_pod = previous.get(CAPACITY_TAG) in (CapacityState.WAITING.value, CapacityState.SCHEDULED.value, CapacityState.GATED.value,
+                                             CapacityState.FAILING.value)
     if not had_pod:
         return Decision()  # its Job has not made its first pod yet
-    return Decision(State.REPLACING,
-                    {CAPACITY_TAG: State.REPLACING.value, CAPACITY_REASON_TAG: CapacityReason.POD_REPLACING.value},
+    return Decision(CapacityState.REPLACING,
+                    {CAPACITY_TAG: CapacityState.REPLACING.value, CAPACITY_REASON_TAG: CapacityReason.POD_REPLACING.value},
                     Event(f"The GPU run's pod is gone (deleted, or its node was lost); its Job {job} is creating a "
                           "new one", {"Job": job}))

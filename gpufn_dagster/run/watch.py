@@ -38,8 +38,8 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
-from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, WAITING_SINCE_TAG, seconds_from_tag
-from .capacity import Decision, State, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityState, seconds_from_tag
+from .capacity import Decision, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL
@@ -67,10 +67,10 @@ class TickReport:
 
     def count(self, gpu_class: str, decision: Decision) -> None:
         stats = self.classes[gpu_class]
-        if decision.state is State.WAITING:
+        if decision.state is CapacityState.WAITING:
             stats.waiting += 1
             stats.longest_wait_seconds = max(stats.longest_wait_seconds, decision.waited_seconds)
-        elif decision.state is State.SCHEDULED:
+        elif decision.state is CapacityState.SCHEDULED:
             stats.running += 1
 
     def summary(self) -> str:
@@ -150,7 +150,7 @@ class CapacityWatcher:
 
         positions = queue_positions({
             run_id: (gpu_class.name, seconds_from_tag(run.tags.get(WAITING_SINCE_TAG) or str(now)))
-            for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is State.WAITING})
+            for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is CapacityState.WAITING})
         for run_id, (run, gpu_class, count, verdict) in verdicts.items():
             decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now)
             report.count(gpu_class.name, decision)

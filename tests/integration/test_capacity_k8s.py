@@ -165,14 +165,15 @@ def test_start_timeout_does_not_fail_a_capacity_wait(core, namespace, instance, 
 
 
 def test_gated_pod_is_not_reported_as_a_capacity_wait():
-    from gpufn_dagster.run.capacity import State, pod_verdict
+    from gpufn_dagster.run.capacity import pod_verdict
+    from gpufn_dagster.tags import CapacityState
 
     pod = {"spec": {"scheduling_gates": [{"name": "example.com/quota"}]},
            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
-    assert pod_verdict(pod, [], a100(), 1, []).state is State.GATED
+    assert pod_verdict(pod, [], a100(), 1, []).state is CapacityState.GATED
     failing = {"spec": {"node_name": "n"}, "status": {"container_statuses": [
         {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling image"}}}]}}
-    assert pod_verdict(failing, [], a100(), 1, []).state is State.FAILING
+    assert pod_verdict(failing, [], a100(), 1, []).state is CapacityState.FAILING
 
 
 def test_a_gpu_run_whose_job_and_pod_vanish_fails_with_that_reason(cluster, core, namespace, instance, watcher,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from gpufn_dagster.classes import load_gpu_classes
-from gpufn_dagster.run.capacity import State, Verdict, decide, decide_without_pod, parse_scheduler_message
-from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, WAITING_SINCE_TAG
+from gpufn_dagster.run.capacity import Verdict, decide, decide_without_pod, parse_scheduler_message
+from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, WAITING_SINCE_TAG, CapacityState
 
 from ..conftest import CLASSES
 
 L4 = load_gpu_classes(CLASSES)["l4"]
 NOW = 1_796_058_073.0
-FULL = Verdict(State.WAITING, "Unschedulable", "0/5 nodes are available: 2 Insufficient nvidia.com/gpu.")
+FULL = Verdict(CapacityState.WAITING, "Unschedulable", "0/5 nodes are available: 2 Insufficient nvidia.com/gpu.")
 
 
 def test_a_new_wait_is_tagged_and_told_once():
@@ -21,12 +21,12 @@ def test_a_new_wait_is_tagged_and_told_once():
     again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
     assert again.tags == {} and again.event is None and again.waited_seconds == 30
     # The scheduler rewords its message as it retries (here: its preemption part); the reasons are the same.
-    reworded = Verdict(State.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
+    reworded = Verdict(CapacityState.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
                        "5 Preemption is not helpful for scheduling.", reasons=parse_scheduler_message(FULL.message))
-    plain = decide(Verdict(State.WAITING, "Unschedulable", FULL.message, reasons=reworded.reasons), {}, L4, 1, None,
+    plain = decide(Verdict(CapacityState.WAITING, "Unschedulable", FULL.message, reasons=reworded.reasons), {}, L4, 1, None,
                    NOW)
     assert decide(reworded, plain.tags, L4, 1, None, NOW + 10).event is None
-    changed = Verdict(State.WAITING, "Unschedulable", FULL.message, autoscaler=("TriggeredScaleUp",))
+    changed = Verdict(CapacityState.WAITING, "Unschedulable", FULL.message, autoscaler=("TriggeredScaleUp",))
     told = decide(changed, first.tags, L4, 1, (1, 3), NOW + 60)
     assert "Autoscaler: TriggeredScaleUp" in told.event.message
     assert told.tags[WAITING_SINCE_TAG] == first.tags[WAITING_SINCE_TAG]   # since when is kept
@@ -48,22 +48,22 @@ def test_a_wait_past_max_wait_fails_the_run_and_one_within_it_does_not():
 
 def test_capacity_arriving_says_where_and_after_how_long():
     waiting = decide(FULL, {}, L4, 1, None, NOW).tags
-    arrived = decide(Verdict(State.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
+    arrived = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
     assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled"}
     assert arrived.event.message == "GPU capacity arrived: scheduled on node l4-1 after waiting 42s"
-    assert decide(Verdict(State.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
+    assert decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
 
 
 def test_never_fits_gated_and_failing_are_not_waits():
-    never = decide(Verdict(State.NEVER_FITS, "Unschedulable", "no node has 9"), {}, L4, 9, None, NOW)
+    never = decide(Verdict(CapacityState.NEVER_FITS, "Unschedulable", "no node has 9"), {}, L4, 9, None, NOW)
     assert never.fail.startswith("This run can never start") and never.tags[CAPACITY_REASON_TAG] == "NeverFits"
-    gated = decide(Verdict(State.GATED, "SchedulingGated", "held"), {}, L4, 1, None, NOW)
+    gated = decide(Verdict(CapacityState.GATED, "SchedulingGated", "held"), {}, L4, 1, None, NOW)
     assert gated.tags == {CAPACITY_TAG: "gated", CAPACITY_REASON_TAG: "SchedulingGated"} and gated.fail is None
-    failing = decide(Verdict(State.FAILING, "ImagePullBackOff", "no such image"), {}, L4, 1, None, NOW)
+    failing = decide(Verdict(CapacityState.FAILING, "ImagePullBackOff", "no such image"), {}, L4, 1, None, NOW)
     assert failing.tags[CAPACITY_REASON_TAG] == "ImagePullBackOff" and "not a capacity wait" in failing.event.message
-    assert decide(Verdict(State.FAILING, "ImagePullBackOff", "x"), failing.tags, L4, 1, None, NOW).event is None
-    assert decide(Verdict(State.PENDING), {}, L4, 1, None, NOW) == decide(Verdict(State.PENDING), {}, L4, 1, None, NOW)
-    assert decide(Verdict(State.PENDING), {}, L4, 1, None, NOW).tags == {}
+    assert decide(Verdict(CapacityState.FAILING, "ImagePullBackOff", "x"), failing.tags, L4, 1, None, NOW).event is None
+    assert decide(Verdict(CapacityState.PENDING), {}, L4, 1, None, NOW) == decide(Verdict(CapacityState.PENDING), {}, L4, 1, None, NOW)
+    assert decide(Verdict(CapacityState.PENDING), {}, L4, 1, None, NOW).tags == {}
 
 
 def test_a_run_without_a_pod_is_replacing_lost_or_not_started_yet():

@@ -3,7 +3,8 @@ reactions, and what is not a capacity wait."""
 
 from __future__ import annotations
 
-from gpufn_dagster.run.capacity import State, parse_scheduler_message, pod_verdict
+from gpufn_dagster.run.capacity import parse_scheduler_message, pod_verdict
+from gpufn_dagster.tags import CapacityState
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES
@@ -33,19 +34,19 @@ def test_waiting_keeps_the_message_verbatim_and_notes_the_autoscaler():
     events = [{"reason": "TriggeredScaleUp", "message": "pod triggered scale-up"}, {"reason": "FailedScheduling"},
               {"reason": "Nominated", "message": "Pod should schedule on: nodeclaim/gpu-abc"}]
     verdict = pod_verdict(unschedulable(), events, A100, 2, [node("8")])
-    assert verdict.state is State.WAITING and verdict.message == MESSAGE
+    assert verdict.state is CapacityState.WAITING and verdict.message == MESSAGE
     assert verdict.autoscaler == ("Nominated", "TriggeredScaleUp")
 
 
 def test_empty_pool_waits_for_the_autoscaler_but_too_small_nodes_never_fit():
-    assert pod_verdict(unschedulable(), [], A100, 2, []).state is State.WAITING
-    assert pod_verdict(unschedulable(), [], A100, 16, [node("8"), node("8")]).state is State.NEVER_FITS
+    assert pod_verdict(unschedulable(), [], A100, 2, []).state is CapacityState.WAITING
+    assert pod_verdict(unschedulable(), [], A100, 16, [node("8"), node("8")]).state is CapacityState.NEVER_FITS
 
 
 def test_bound_pod_is_scheduled_even_before_it_runs():
     bound = pod_verdict({"spec": {"node_name": "a100-80gb-1"}, "status": {"phase": "Pending"}}, [], A100, 1, [])
-    assert bound.state is State.SCHEDULED and bound.node == "a100-80gb-1" and bound.reason == ""
+    assert bound.state is CapacityState.SCHEDULED and bound.node == "a100-80gb-1" and bound.reason == ""
     # ...unless its container cannot start: that is reported, never taken for a wait or a success.
     pulling = pod_verdict({"spec": {"node_name": "a100-80gb-1"}, "status": {"container_statuses": [
         {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]}}, [], A100, 1, [])
-    assert pulling.state is State.FAILING and pulling.reason == "ImagePullBackOff" and pulling.message == "no such image"
+    assert pulling.state is CapacityState.FAILING and pulling.reason == "ImagePullBackOff" and pulling.message == "no such image"
