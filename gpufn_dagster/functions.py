@@ -250,9 +250,9 @@ def make_function(target: Any, **options: Any) -> Function:
         ('docs__n_words', ('text',), DataType(int64), 'row', False)
     """
     original = _unwrap(target)
-    opts = FunctionOptions.of(options, f"Function {options.get('name') or getattr(original, '__name__', '?')!r}")
+    label = f"Function {options.get('name') or getattr(original, '__name__', '?')!r}"
+    opts = FunctionOptions.of(options, label)
     is_class = inspect.isclass(original)
-    label = f"Function {opts.name or getattr(original, '__name__', '?')!r}"
     columns = (opts.column,) if isinstance(opts.column, str) else tuple(opts.column)
     _check_options(label, opts, columns)
     output_type = _checked_output_type(label, opts.output_type)

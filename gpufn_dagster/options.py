@@ -106,12 +106,13 @@ def option_fields() -> list[tuple[str, Any, str]]:
 
 def document_options(fn: Any) -> Any:
     """Give `fn` (which takes `**options`) a signature and an Args section listing every option."""
+    fields = option_fields()
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
                                 default=inspect.Parameter.empty if default is dataclasses.MISSING else default)
-              for name, default, _ in option_fields()]
+              for name, default, _ in fields]
     signature = inspect.signature(fn)
     kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     fn.__signature__ = signature.replace(parameters=[*kept, *params])
-    lines = "\n".join(f"        {name}: {description}" for name, _, description in option_fields())
+    lines = "\n".join(f"        {name}: {description}" for name, _, description in fields)
     fn.__doc__ = (fn.__doc__ or "").replace("{options}", lines.strip())
     return fn

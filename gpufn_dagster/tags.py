@@ -11,6 +11,7 @@ are ISO 8601 in UTC.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from enum import Enum
 
@@ -111,3 +112,13 @@ def seconds_from_tag(value: str) -> float:
         return float(value)
     except ValueError:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def waiting_since(run_tags: Mapping[str, str], now: float) -> float:
+    """When a run started waiting for GPU capacity (`now` for one that has no such tag yet).
+
+    >>> waiting_since({"gpufn/waiting-since": "2026-11-30T17:01:13Z"}, now=0.0), waiting_since({}, now=5.0)
+    (1796058073.0, 5.0)
+    """
+    value = run_tags.get(WAITING_SINCE_TAG)
+    return seconds_from_tag(value) if value else now

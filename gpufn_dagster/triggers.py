@@ -109,9 +109,8 @@ def operations_since(dataset: lance.LanceDataset, version: int) -> list[tuple[st
     return out
 
 
-def _selection(targets: Sequence[dg.AssetsDefinition | str]) -> dg.AssetSelection:
-    keys = [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
-    return dg.AssetSelection.assets(*keys)
+def _keys(targets: Sequence[dg.AssetsDefinition | str]) -> list[dg.AssetKey]:
+    return [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
 
 
 def _run_tags(targets: Sequence[dg.AssetsDefinition | str]) -> dict[str, str]:
@@ -126,7 +125,7 @@ def _run_tags(targets: Sequence[dg.AssetsDefinition | str]) -> dict[str, str]:
 
 
 def refresh_job(name: str, targets: Sequence[dg.AssetsDefinition | str], description: str | None = None):
-    return dg.define_asset_job(name, selection=_selection(targets), tags=_run_tags(targets),
+    return dg.define_asset_job(name, selection=dg.AssetSelection.assets(*_keys(targets)), tags=_run_tags(targets),
                                description=description or f"Refresh {', '.join(_names(targets))}")
 
 
@@ -191,7 +190,7 @@ def table_sensor(
         ('docs_changed', 15)
     """
     job = refresh_job(f"{name or table + '_changed'}_job", targets)
-    keys = [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
+    keys = _keys(targets)
 
     @dg.sensor(name=name or f"{table}_changed", job=job, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,

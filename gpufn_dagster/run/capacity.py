@@ -23,7 +23,7 @@ from typing import Any
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, seconds_from_tag, time_tag)
+                    CapacityReason, CapacityState, time_tag, waiting_since)
 
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
@@ -129,6 +129,11 @@ def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count:
     return Verdict(CapacityState.WAITING, "Unschedulable", message, reasons=reasons, autoscaler=autoscaler)
 
 
+def past_max_wait(gpu_class: GpuClass, waited: float) -> bool:
+    """Whether a run that waited `waited` seconds has waited longer than its class allows (both modes)."""
+    return gpu_class.max_wait is not None and waited > gpu_class.max_wait.total_seconds()
+
+
 def queue_positions(waits: Mapping[str, tuple[str, float]]) -> dict[str, tuple[int, int]]:
     """Run id -> (place, of how many) among the runs waiting on its class, the longest-waiting first.
 
@@ -193,9 +198,9 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     previous_state = previous.get(CAPACITY_TAG)
     request = f"{gpu_count} x {gpu_class.resource_name}"
     if verdict.state is CapacityState.WAITING:
-        since = seconds_from_tag(previous[WAITING_SINCE_TAG]) if WAITING_SINCE_TAG in previous else now
+        since = waiting_since(previous, now)
         waited = now - since
-        if gpu_class.max_wait is not None and waited > gpu_class.max_wait.total_seconds():
+        if past_max_wait(gpu_class, waited):
             return _failed(CapacityState.TIMED_OUT, CapacityReason.MAX_WAIT_EXCEEDED,
                            f"Gave up waiting for GPU capacity of class {gpu_class.name!r} after {waited:.0f}s "
                            f"(max_wait {gpu_class.max_wait.total_seconds():.0f}s); its Job was deleted. "
@@ -227,7 +232,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         tags = {CAPACITY_TAG: CapacityState.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value}
         if previous_state != CapacityState.WAITING.value:
             return Decision(CapacityState.SCHEDULED, tags)
-        waited = now - seconds_from_tag(previous.get(WAITING_SINCE_TAG, time_tag(now)))
+        waited = now - waiting_since(previous, now)
         return Decision(CapacityState.SCHEDULED, tags, Event(
             f"GPU capacity arrived: scheduled on node {verdict.node} after waiting {waited:.0f}s",
             {"Node": verdict.node, "Waited seconds": round(waited, 1), "GPU class": gpu_class.name}))

@@ -32,7 +32,8 @@ from dagster._utils.merger import merge_dicts
 
 from ..classes import GpuClass, cached_gpu_classes
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG,
-                    WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_tags, seconds_from_tag, time_tag)
+                    WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_tags, time_tag, waiting_since)
+from .capacity import past_max_wait
 from .shared import CLASSES_DIR_CONFIG, RunKind, plan_run, release_ended_runs
 
 _ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -75,10 +76,8 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                                                      tags={CAPACITY_TAG: CapacityState.WAITING.value}))
         for run in waiting:
             gpu_class = classes.get(run.tags.get(GPU_CLASS_TAG, ""))
-            if gpu_class is None or gpu_class.max_wait is None or WAITING_SINCE_TAG not in run.tags:
-                continue
-            waited = now - seconds_from_tag(run.tags[WAITING_SINCE_TAG])
-            if waited > gpu_class.max_wait.total_seconds():
+            waited = now - waiting_since(run.tags, now)
+            if gpu_class is not None and past_max_wait(gpu_class, waited):
                 self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
                                                          CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
                 self._instance.report_run_failed(run, (
@@ -135,7 +134,7 @@ class LocalGpuRunLauncher(DefaultRunLauncher):
                     CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value}
             self._instance.add_run_tags(run.run_id, tags)
             if run.tags.get(CAPACITY_TAG) == CapacityState.WAITING.value:
-                waited = time.time() - seconds_from_tag(run.tags.get(WAITING_SINCE_TAG, time_tag(time.time())))
+                waited = time.time() - waiting_since(run.tags, time.time())
                 self._instance.report_engine_event(
                     f"Got local GPU slot {slot} of class {name!r} after waiting {waited:.0f}s", run,
                     EngineEventData({"Slot": slot, "Waited seconds": round(waited, 1)}), cls=self.__class__)

@@ -19,8 +19,8 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, WAITING_SINCE_TAG, CapacityReason,
-                    CapacityState, seconds_from_tag)
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, CapacityReason, CapacityState,
+                    waiting_since)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -139,6 +139,5 @@ def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[st
                                         tags={CAPACITY_TAG: CapacityState.WAITING.value}))
     out: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for run in runs:
-        since = seconds_from_tag(run.tags[WAITING_SINCE_TAG]) if WAITING_SINCE_TAG in run.tags else now
-        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - since))
+        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - waiting_since(run.tags, now)))
     return {name: sorted(items, key=lambda item: -item[1]) for name, items in sorted(out.items())}

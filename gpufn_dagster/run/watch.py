@@ -38,7 +38,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
-from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityState, seconds_from_tag
+from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, CapacityState, waiting_since
 from .capacity import Decision, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
@@ -149,7 +149,7 @@ class CapacityWatcher:
             verdicts[run.run_id] = (run, gpu_class, count, verdict)
 
         positions = queue_positions({
-            run_id: (gpu_class.name, seconds_from_tag(run.tags.get(WAITING_SINCE_TAG) or str(now)))
+            run_id: (gpu_class.name, waiting_since(run.tags, now))
             for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is CapacityState.WAITING})
         for run_id, (run, gpu_class, count, verdict) in verdicts.items():
             decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now)
