@@ -253,7 +253,7 @@ def _outputs(attempt: _Attempt, batch: pa.RecordBatch, addresses: np.ndarray,
         stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
             zero_copy_only=False))
         retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
-    outcome = Outcome(computed=len(stale_idx))
+    outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
     if len(stale_idx) == 0:
         merged = [batch.column(name) for name in function.columns]
     else:
@@ -275,11 +275,8 @@ def _outputs(attempt: _Attempt, batch: pa.RecordBatch, addresses: np.ndarray,
         outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed)
                           for e in errors]
         outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
-    if stored is None:
-        outcome.changed = batch.num_rows
-    else:
-        outcome.changed = int(np.count_nonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
-            zero_copy_only=False)))
+        # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
+        outcome.changed -= int(np.count_nonzero(failed & retried))
     merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
     return pa.RecordBatch.from_arrays([*merged, pa.array(now, type=attempt.out_schema.field(-1).type)],
                                       schema=attempt.out_schema), outcome
