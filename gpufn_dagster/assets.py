@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -25,9 +26,10 @@ from .options import document_options
 from .refresh.engine import Progress, RefreshResult, refresh_column
 from .resources import LanceDBResource
 from .run.placement import Placement, placement_k8s_config
-from .run.shared import visible_devices
-from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, READS_METADATA_KEY,
-                   gpu_tags)
+from .run.shared import RunKind
+from .run.slots import local_slot
+from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, PLACEMENT_TAG,
+                   READS_METADATA_KEY, gpu_pool, gpu_tags)
 
 ERRORS_TABLE = "gpufn_errors"
 # One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
@@ -124,9 +126,20 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
                  gpu_class: GpuClass | None) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
-    devices = visible_devices(context.run.tags, gpu_class.local.devices) if gpu_class else None
-    if devices is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices  # embedded mode: the device of this run's local slot
+    if gpu_class is not None and context.run.tags.get(PLACEMENT_TAG) == RunKind.LOCAL.value:
+        # Embedded mode: the pool let this step start; hold one of the class's slots, and its device.
+        lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
+        with local_slot(gpu_class, lock_dir, on_wait=context.log.warning) as (slot, device):
+            if device is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = device
+            context.log.info(f"local GPU slot {slot} of class {gpu_class.name!r}"
+                             + (f", CUDA_VISIBLE_DEVICES={device}" if device is not None else ""))
+            return _refresh_once(context, lancedb, function, gpu_class)
+    return _refresh_once(context, lancedb, function, gpu_class)
+
+
+def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
+                  gpu_class: GpuClass | None) -> dg.MaterializeResult:
     context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
                      f"(Function version {function.version}"
                      + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
@@ -162,6 +175,8 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
         tags=tags,
         op_tags=op_tags,
         kinds={"lance", "gpu" if function.gpu else "cpu"},
+        # Embedded mode: a GPU step claims a slot of its class's pool, limited to `local.slots`.
+        pool=gpu_pool(function.gpu_class) if function.gpu else None,
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,

@@ -149,7 +149,9 @@ class NodeSelectorTerm(_Strict):
 
 
 class LocalSlots(_Strict):
-    """The embedded mode's capacity: how many GPU workers of this class may run at once here."""
+    """The embedded mode's capacity: how many GPU steps of this class may run at once here (the
+    limit of the class's Dagster pool), and the device each slot's step sees (`devices[slot % len]`
+    as CUDA_VISIBLE_DEVICES; none set when empty)."""
 
     slots: int = Field(default=1, ge=0)
     devices: list[str] = Field(default_factory=list)

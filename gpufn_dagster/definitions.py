@@ -119,8 +119,19 @@ def build_definitions(
     jobs: Sequence[Any] = (),
     asset_checks: Sequence[Any] = (),
     resources: dict[str, Any] | None = None,
+    executor: Any = None,
 ) -> dg.Definitions:
-    """Definitions for Functions, views and ordinary assets sharing one LanceDB database."""
+    """Definitions for Functions, views and ordinary assets sharing one LanceDB database.
+
+    Args:
+        assets: Function assets (`gpu_function`, `function_asset`), views and any other assets.
+        db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`).
+        schedules, sensors, jobs, asset_checks: passed to `dagster.Definitions` as they are.
+        resources: more resources; `lancedb` is added.
+        executor: the executor of the definitions' jobs (default Dagster's, one process per step).
+            On Kubernetes pass `dagster_k8s.k8s_job_executor` to run each GPU step in its own pod
+            on its own class: a Materialize all that mixes GPU classes then runs.
+    """
     uri = db_uri or default_db_uri()
     check_tables(assets, uri)
     return dg.Definitions(
@@ -130,4 +141,5 @@ def build_definitions(
         sensors=list(sensors),
         jobs=list(jobs),
         resources={"lancedb": LanceDBResource(uri=uri), **(resources or {})},
+        executor=executor,
     )

@@ -28,7 +28,6 @@ CAPACITY_TAG = PREFIX + "capacity"
 CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
 WAITING_SINCE_TAG = PREFIX + "waiting-since"
 CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
-LOCAL_SLOT_TAG = PREFIX + "local-slot"
 # On runs started by the table and unfilled-rows sensors.
 TABLE_TAG = PREFIX + "table"
 TABLE_VERSION_TAG = PREFIX + "table-version"
@@ -48,7 +47,7 @@ class CapacityState(str, Enum):
     """Every value of `gpufn/capacity`: where a GPU run stands with respect to GPU capacity."""
 
     WAITING = "waiting"          # no node (or local slot) of the class has room yet; it starts when one does
-    RUNNING = "running"          # embedded: holds a local slot of its class
+    RUNNING = "running"          # embedded: its GPU steps got their local slots
     SCHEDULED = "scheduled"      # Kubernetes: its pod is bound to a node of the class
     NEVER_FITS = "never-fits"    # no node of the class could hold the request even empty: failed at once
     TIMED_OUT = "timed-out"      # waited past the class's max_wait: failed, its Job deleted
@@ -99,6 +98,24 @@ def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
     {'gpufn/gpu-class': 'l4', 'gpufn/gpu-count': '2'}
     """
     return {GPU_CLASS_TAG: gpu_class, GPU_COUNT_TAG: str(gpu_count)}
+
+
+# The Dagster pool of a class's GPU steps: embedded mode limits it to the class's `local.slots`.
+GPU_POOL_PREFIX = "gpu-"
+
+
+def gpu_pool(gpu_class: str) -> str:
+    """The Dagster pool (op concurrency key) that a GPU step of class `gpu_class` claims a slot of.
+
+    >>> gpu_pool("l4"), pool_class("gpu-l4"), pool_class("warehouse")
+    ('gpu-l4', 'l4', None)
+    """
+    return GPU_POOL_PREFIX + gpu_class
+
+
+def pool_class(pool: str) -> str | None:
+    """The GPU class whose steps claim `pool` (None for a pool that is not a GPU class's)."""
+    return pool.removeprefix(GPU_POOL_PREFIX) if pool.startswith(GPU_POOL_PREFIX) else None
 
 
 def time_tag(seconds: float) -> str:

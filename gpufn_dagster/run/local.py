@@ -1,50 +1,62 @@
-"""The embedded mode's GPU capacity: each class's local slots, waited for in Dagster's run queue.
+"""The embedded mode's GPU capacity: each class's local slots, claimed step by step through Dagster pools.
 
-    # dagster.yaml (the repo's own, which `dagster dev` reads from the working directory)
+    # deploy/dagster-embedded.yaml (the README's first command copies it to .dagster_home/dagster.yaml)
     run_coordinator:
-      module: gpufn_dagster.local            # re-exports this module's classes
+      module: gpufn_dagster.local            # re-exports this module's class
       class: GpuQueuedRunCoordinator
       config: {classes_dir: classes}
-    run_launcher:
-      module: gpufn_dagster.local
-      class: LocalGpuRunLauncher
 
-At submit the coordinator tags a GPU run with its class (from the run's execution plan, since the
-UI's Materialize button sends no tags) and adds a run-queue limit per class equal to its
-`local.slots`, so a GPU run beyond them stays QUEUED -- never failed, never run on CPU -- and the
-run page says why (tag `gpufn/capacity=waiting`, an event, and Dagster's queue criteria). The
-launcher records when the slot was obtained and which slot, whose device (class `local.devices`)
-the Function then sees as CUDA_VISIBLE_DEVICES.
+Every GPU step claims a slot of its class's Dagster pool, `gpu-<class>` (set on the Function
+asset), whose limit this coordinator keeps equal to the class's `local.slots`. So a run starts at
+once -- its CPU steps, views and GPU steps of other classes run -- and only a GPU step beyond its
+class's slots waits: never failed, never run on CPU. The run's page shows the wait in its event
+log: Dagster's "Step blocked by limit for pool gpu-<class>" at once and, on the queue daemon's
+next pass, a line saying which class, who holds its slots, the place in line and the max_wait
+(`run.pools`); the runs list shows the run's `gpufn/capacity` tags. Which slot -- and device -- a
+step got is `run.slots`'s business.
+
+Dagster's run queue would by default hold a run whose first step's pool is full (QUEUED), and the
+UI shows a queued run's page without its event log, so this coordinator turns
+`block_op_concurrency_limited_runs` off unless dagster.yaml sets it.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagster import DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
-from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 
 from ..classes import GpuClass, cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG,
-                    WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_tags, time_tag, waiting_since)
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG,
+                    PLACEMENT_REJECTED, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_pool,
+                    pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
-from .shared import CLASSES_DIR_CONFIG, RunKind, plan_run, release_ended_runs
-
-_ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+from .pools import StepWait, step_waits, wait_message
+from .shared import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
 
 
 class GpuQueuedRunCoordinator(QueuedRunCoordinator):
-    """QueuedRunCoordinator with a per-class limit of `local.slots` GPU runs at a time."""
+    """QueuedRunCoordinator whose GPU steps wait, each for a local slot of its class, inside a started run.
 
-    def __init__(self, classes_dir: str | None = None, **kwargs: Any):
+    Args:
+        classes_dir: the GPU class files (default `$GPUFN_CLASSES_DIR` or `./classes`).
+        block_op_concurrency_limited_runs: Dagster's setting; off unless given, so that a run whose
+            GPU steps must wait starts and its page shows why.
+        **kwargs: QueuedRunCoordinator's other settings (max_concurrent_runs, ...).
+    """
+
+    def __init__(self, classes_dir: str | None = None,
+                 block_op_concurrency_limited_runs: Mapping[str, Any] | None = None, **kwargs: Any):
         self._classes_dir = classes_dir
-        super().__init__(**kwargs)
+        super().__init__(block_op_concurrency_limited_runs=block_op_concurrency_limited_runs or {"enabled": False},
+                         **kwargs)
 
     @classmethod
     def config_type(cls):
@@ -59,85 +71,102 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         return coordinator
 
     def get_run_queue_config(self):
-        # The queue daemon asks for this on every pass: the beat on which ended runs give their
-        # local slot's tag back and waits past the class's max_wait end (nothing else in the
-        # embedded path runs while a run waits).
+        # The queue daemon asks for this on every pass, before it launches anything: the beat on
+        # which pool limits follow the class files, waits are described, and tags end.
         classes = cached_gpu_classes(self._classes_dir)
         release_ended_runs(self._instance)
-        self._end_overdue_waits(classes)
-        config = super().get_run_queue_config()
-        slots = [{"key": GPU_CLASS_TAG, "value": c.name, "limit": c.local.slots} for c in classes.values()]
-        return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, *slots])
-
-    def _end_overdue_waits(self, classes: dict[str, GpuClass], now: float | None = None) -> None:
-        """Fail queued GPU runs that waited longer than their class's `max_wait` (as on Kubernetes)."""
-        now = time.time() if now is None else now
-        waiting = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
-                                                     tags={CAPACITY_TAG: CapacityState.WAITING.value}))
-        for run in waiting:
-            gpu_class = classes.get(run.tags.get(GPU_CLASS_TAG, ""))
-            waited = now - waiting_since(run.tags, now)
-            if gpu_class is not None and past_max_wait(gpu_class, waited):
-                self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
-                                                         CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
-                self._instance.report_run_failed(run, (
-                    f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
-                    f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use"))
+        if self._instance.event_log_storage.supports_global_concurrency_limits:
+            self._sync_pool_limits(classes.values())
+            self._report_waits(classes, time.time())
+        return super().get_run_queue_config()
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        # Every step runs in this one local process: raises for an unknown class, too many GPUs, mixed classes.
-        plan = plan_run(self._instance, run, self._classes_dir, step_pods=False)
-        if plan.kind is RunKind.GPU:
-            placement = plan.placement
-            gpu_class = placement.gpu_class
-            if gpu_class.local.slots == 0:
-                # A queue limit of 0 would hold the run forever: refuse it now, saying why.
-                self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
-                                                         PLACEMENT_TAG: PLACEMENT_REJECTED})
+        # Raises for an unknown class or too many GPUs; several classes in one run are fine here.
+        placements = class_placements(self._instance, run, self._classes_dir)
+        if placements:
+            names = sorted(placements)
+            tags = {GPU_CLASS_TAG: ",".join(names), GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
+                    PLACEMENT_TAG: RunKind.LOCAL.value}
+            empty = [name for name in names if placements[name].gpu_class.local.slots == 0]
+            if empty:
+                # A pool limit of 0 would hold the step forever: refuse the run now, saying why.
+                self._instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED})
                 self._instance.report_run_failed(run, (
-                    f"GPU class {gpu_class.name!r} has local.slots: 0, so no run of it can start on this machine "
+                    f"GPU class {empty[0]!r} has local.slots: 0, so no step of it can run on this machine "
                     "(embedded mode); give it slots in its class file, or run it on Kubernetes"))
                 return self._instance.get_run_by_id(run.run_id)
-            busy = self._instance.get_runs(RunsFilter(statuses=_ACTIVE, tags={GPU_CLASS_TAG: gpu_class.name}))
-            queued = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
-                                                        tags={GPU_CLASS_TAG: gpu_class.name}))
-            tags = gpu_tags(gpu_class.name, placement.gpu_count)
-            if len(busy) >= gpu_class.local.slots or queued:
-                tags.update({CAPACITY_TAG: CapacityState.WAITING.value, WAITING_SINCE_TAG: time_tag(time.time()),
-                             CAPACITY_REASON_TAG: CapacityReason.LOCAL_SLOTS_IN_USE.value})
             self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id)
-            if CAPACITY_TAG in tags:
-                self._instance.report_engine_event(
-                    f"Waiting for a local GPU slot of class {gpu_class.name!r}: all {gpu_class.local.slots} slot(s) "
-                    f"in use ({len(busy)} run(s) of the class running); position {len(queued) + 1} of "
-                    f"{len(queued) + 1} waiting on this class. It starts as soon as a slot frees.",
-                    run, EngineEventData({"GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
-                                          "Running": ", ".join(r.run_id[:8] for r in busy),
-                                          "Position": len(queued) + 1}), cls=self.__class__)
         return super().submit_run(SubmitRunContext(run, context.workspace))
 
+    def _sync_pool_limits(self, classes: Iterable[GpuClass]) -> None:
+        """Each class's pool limited to its `local.slots` (the class file is the one place of that fact)."""
+        storage = self._instance.event_log_storage
+        limits = {pool.name: pool.limit for pool in storage.get_pool_limits()}
+        for gpu_class in classes:
+            if limits.get(gpu_pool(gpu_class.name)) != gpu_class.local.slots:
+                storage.set_concurrency_slots(gpu_pool(gpu_class.name), gpu_class.local.slots)
 
-class LocalGpuRunLauncher(DefaultRunLauncher):
-    """DefaultRunLauncher that records a GPU run's local slot (and its device) when it starts."""
-
-    def launch_run(self, context: LaunchRunContext) -> None:
-        run = context.dagster_run
-        name = run.tags.get(GPU_CLASS_TAG)
-        if name:
-            # The queue already limits the class to its slots: take the lowest slot no running run holds.
-            others = self._instance.get_runs(RunsFilter(statuses=_ACTIVE, tags={GPU_CLASS_TAG: name}))
-            used = {r.tags.get(LOCAL_SLOT_TAG) for r in others if r.run_id != run.run_id}
-            slot = next(str(i) for i in itertools.count() if str(i) not in used)
-            tags = {LOCAL_SLOT_TAG: slot, CAPACITY_TAG: CapacityState.RUNNING.value,
-                    CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value}
-            self._instance.add_run_tags(run.run_id, tags)
-            if run.tags.get(CAPACITY_TAG) == CapacityState.WAITING.value:
-                waited = time.time() - waiting_since(run.tags, time.time())
+    def _report_waits(self, classes: Mapping[str, GpuClass], now: float) -> None:
+        """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits end."""
+        infos = self._instance.event_log_storage.get_concurrency_infos([gpu_pool(name) for name in classes])
+        waits: list[StepWait] = []
+        for pool, info in infos.items():
+            waits += step_waits(
+                pool_class(pool),
+                [(p.run_id, p.step_key, p.enqueued_timestamp.timestamp(), p.priority or 0)
+                 for p in info.pending_steps if p.assigned_timestamp is None],
+                [(s.run_id, s.step_key) for s in info.claimed_slots])
+        by_run: dict[str, list[StepWait]] = defaultdict(list)
+        for wait in waits:
+            by_run[wait.run_id].append(wait)
+        for run_id, run_waits in by_run.items():
+            run = self._instance.get_run_by_id(run_id)
+            if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
+                self._report_run_waits(run, run_waits, waits, classes, now)
+        waited = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
+                                                    tags={CAPACITY_TAG: CapacityState.WAITING.value}))
+        for run in waited:
+            if run.run_id not in by_run:
+                seconds = now - waiting_since(run.tags, now)
+                self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.RUNNING.value,
+                                                         CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value})
                 self._instance.report_engine_event(
-                    f"Got local GPU slot {slot} of class {name!r} after waiting {waited:.0f}s", run,
-                    EngineEventData({"Slot": slot, "Waited seconds": round(waited, 1)}), cls=self.__class__)
-            run = self._instance.get_run_by_id(run.run_id)
-        super().launch_run(LaunchRunContext(dagster_run=run, workspace=context.workspace))
+                    f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
+                    EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
 
+    def _report_run_waits(self, run: DagsterRun, run_waits: list[StepWait], waits: list[StepWait],
+                          classes: Mapping[str, GpuClass], now: float) -> None:
+        for wait in run_waits:
+            gpu_class = classes[wait.gpu_class]
+            if past_max_wait(gpu_class, now - wait.since):
+                self._give_up(run, wait, gpu_class, now - wait.since)
+                return
+        digest = ";".join(w.digest for w in run_waits)
+        if run.tags.get(CAPACITY_REPORTED_TAG) == digest:
+            return  # nothing new since the last report
+        self._instance.add_run_tags(run.run_id, {
+            CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.LOCAL_SLOTS_IN_USE.value,
+            WAITING_SINCE_TAG: time_tag(min(w.since for w in run_waits)), CAPACITY_REPORTED_TAG: digest})
+        for wait in run_waits:
+            gpu_class = classes[wait.gpu_class]
+            ahead = [w for w in waits if w.gpu_class == wait.gpu_class and w.position < wait.position]
+            self._instance.report_engine_event(
+                wait_message(wait, gpu_class, ahead), run,
+                EngineEventData({"GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
+                                 "Position": f"{wait.position} of {wait.waiting}",
+                                 "Waiting since": time_tag(wait.since),
+                                 "Slots held by": ", ".join(f"{r[:8]}/{s}" for r, s in wait.holders) or "-"}),
+                cls=self.__class__, step_key=wait.step_key)
+
+    def _give_up(self, run: DagsterRun, wait: StepWait, gpu_class: GpuClass, waited: float) -> None:
+        """End a run whose GPU step waited past its class's max_wait (as on Kubernetes), saying why."""
+        self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
+                                                 CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
+        self._instance.report_engine_event(
+            f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
+            f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use. "
+            "Terminating the run.", run, EngineEventData({"GPU class": gpu_class.name}),
+            cls=self.__class__, step_key=wait.step_key)
+        self._instance.run_launcher.terminate(run.run_id)

@@ -2,9 +2,8 @@
 
 Both the local slots (`run.local`) and the Kubernetes launcher (`run.launcher`) need the GPU
 request of a run -- read from the op tags of the steps it executes, since the UI's Materialize
-button sends no run tags -- and the same `classes_dir` config field; the Function asset needs the
-device of its local slot. They live here, beneath both paths, so neither imports the other and
-the embedded mode never imports the Kubernetes client.
+button sends no run tags -- and the same `classes_dir` config field. They live here, beneath both
+paths, so neither imports the other and the embedded mode never imports the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, LOCAL_SLOT_TAG, CapacityReason, CapacityState,
-                    waiting_since)
+from ..tags import CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, CapacityReason, CapacityState, waiting_since
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -62,11 +60,13 @@ def uses_step_pods(instance: DagsterInstance, run: DagsterRun) -> bool:
 
 
 class RunKind(enum.Enum):
-    """How a run meets GPUs: not at all, on its run worker, or in its steps' own pods."""
+    """How a run meets GPUs: not at all, on its run worker, in its steps' own pods, or (embedded
+    mode) each GPU step on a local slot of its class."""
 
     CPU = "cpu"
     GPU = "gpu"
     PER_STEP = "per-step"
+    LOCAL = "local"
 
 
 @dataclass(frozen=True)
@@ -77,23 +77,28 @@ class RunPlan:
     placement: Placement | None = None
 
 
+def class_placements(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> dict[str, Placement]:
+    """Each GPU class the run's steps ask for, placed on its own; raises PlacementError /
+    GpuClassError for an unknown class or too many GPUs, so those fail before anything starts."""
+    classes = cached_gpu_classes(classes_dir)
+    return {name: resolve_placement({name: count}, classes)
+            for name, count in gpu_requests(run_step_tags(instance, run)).items()}
+
+
 def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir, *, step_pods: bool) -> RunPlan:
-    """The run's plan; raises PlacementError / GpuClassError when its GPU request cannot be placed.
+    """The run's plan on Kubernetes; raises PlacementError / GpuClassError when its GPU request
+    cannot be placed.
 
     With step pods (k8s_job_executor) the run worker only orchestrates: it stays a CPU pod, and
-    each GPU step's pod carries its own class (op tags), so a run may mix classes. Each class
-    requested is still checked here, so an unknown class or too many GPUs fail before anything
-    starts. Without step pods, one worker runs every step, so all must share one class.
+    each GPU step's pod carries its own class (op tags), so a run may mix classes. Without step
+    pods, one worker runs every step, so all must share one class.
     """
+    if step_pods:
+        return RunPlan(RunKind.PER_STEP) if class_placements(instance, run, classes_dir) else RunPlan(RunKind.CPU)
     requests = gpu_requests(run_step_tags(instance, run))
     if not requests:
         return RunPlan(RunKind.CPU)
-    classes = cached_gpu_classes(classes_dir)
-    if step_pods:
-        for name, count in requests.items():
-            resolve_placement({name: count}, classes)
-        return RunPlan(RunKind.PER_STEP)
-    return RunPlan(RunKind.GPU, resolve_placement(requests, classes))
+    return RunPlan(RunKind.GPU, resolve_placement(requests, cached_gpu_classes(classes_dir)))
 
 
 # What a run's capacity tag says while it waits for or holds GPU capacity (not once it failed for it).
@@ -117,25 +122,14 @@ def release_ended_runs(instance: DagsterInstance, limit: int = 100) -> list[str]
     return [run.run_id for run in runs]
 
 
-def visible_devices(run_tags: dict[str, str], devices: list[str]) -> str | None:
-    """CUDA_VISIBLE_DEVICES for a run on local slot `gpufn/local-slot` (None when none is configured).
-
-    >>> visible_devices({"gpufn/local-slot": "1"}, ["0", "1"]), visible_devices({}, ["0"])
-    ('1', None)
-    """
-    slot = run_tags.get(LOCAL_SLOT_TAG)
-    if slot is None or not devices:
-        return None
-    return devices[int(slot) % len(devices)]
-
-
 def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[str, list[tuple[str, float]]]:
     """GPU class -> (run id, seconds waited) of every run waiting for capacity, longest first.
 
-    Works for both modes: queued runs waiting for a local slot and STARTING runs waiting on Kubernetes.
+    Works for both modes: started runs whose GPU steps wait for a local slot (embedded) and
+    STARTING runs whose worker pod waits for a node (Kubernetes).
     """
     now = time.time() if now is None else now
-    runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING],
+    runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
                                         tags={CAPACITY_TAG: CapacityState.WAITING.value}))
     out: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for run in runs:

@@ -1,15 +1,50 @@
-"""A code location for the embedded-slots test: a slow GPU Function on class `default` (1 local slot)."""
+"""A code location for the embedded-slots tests: a GPU Function on class `default` that holds its
+slot until the test opens its gate, one on class `l4`, and a CPU Function, all on table `docs`.
+
+Each `docs__slow` step draws the next ticket (1, 2, ...) when it starts computing -- the order in
+which steps got class default's slot -- and finishes once the test opens that ticket's gate.
+"""
 
 import os
 import time
+from pathlib import Path
 
 from gpufn_dagster import build_definitions, gpu_function
 
 
-def slow_upper(text: str) -> str:
-    time.sleep(0.5)
+_ticket: int | None = None
+
+
+def _draw_ticket(gates: Path) -> int:
+    for number in range(1, 1000):
+        try:
+            os.close(os.open(gates / f"ticket-{number}", os.O_CREAT | os.O_EXCL))
+            return number
+        except FileExistsError:
+            continue
+    raise RuntimeError("out of tickets")
+
+
+def held_upper(text: str) -> str:
+    global _ticket
+    gates = Path(os.environ["GPUFN_TEST_GATES"])
+    if _ticket is None:
+        _ticket = _draw_ticket(gates)
+    deadline = time.monotonic() + 300  # a hang guard only: the test opens the gate
+    while not ((gates / f"open-{_ticket}").exists() or (gates / "open-all").exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return f"{text.upper()}@{os.environ.get('CUDA_VISIBLE_DEVICES')}"
 
 
-slow = gpu_function(table="docs", column="slow", gpu_class="default", batch_size=2)(slow_upper)
-defs = build_definitions(assets=[slow])
+def reversed_text(text: str) -> str:
+    return text[::-1]
+
+
+def length(text: str) -> int:
+    return len(text)
+
+
+slow = gpu_function(table="docs", column="slow", gpu_class="default", batch_size=2)(held_upper)
+other = gpu_function(table="docs", column="reversed", gpu_class="l4")(reversed_text)
+size = gpu_function(table="docs", column="size")(length)  # no class: a CPU Function
+defs = build_definitions(assets=[slow, other, size])

@@ -191,13 +191,14 @@ def test_cpu_run_job_is_exactly_k8s_run_launchers(cluster, namespace, instance, 
         theirs["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-def test_mixed_classes_are_rejected_before_any_job(cluster, namespace, instance):
+def test_mixed_classes_without_step_pods_are_rejected_before_any_job_saying_how(cluster, namespace, instance):
     run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4")
     run = instance.get_run_by_id(run_id)
     assert run.status.value == "FAILURE"
     messages = " ".join(str(e.message) + str(getattr(e.dagster_event, "event_specific_data", ""))
                         for e in instance.all_logs(run_id))
     assert "2 GPU classes: a100-80gb (2 GPU), l4 (1 GPU)" in messages
+    assert "build_definitions(..., executor=k8s_job_executor)" in messages  # the way to run it
     assert jobs(cluster, namespace) == []
 
 

@@ -1,5 +1,6 @@
-"""Embedded mode: a GPU run beyond its class's local slots waits in Dagster's queue (the real queue
-daemon and real run workers), says why, and starts when the slot frees."""
+"""Embedded mode, with the real queue daemon and real run workers: a GPU step beyond its class's local
+slots waits inside its started run, whose event log says why; only GPU steps hold slots, so CPU
+steps and other classes run meanwhile; the slot's device is what the Function sees."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import lancedb
 import pyarrow as pa
 import yaml
-from dagster import DagsterRunStatus
+from dagster import DagsterEventType, DagsterRunStatus
 from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
 from dagster._core.workspace.load_target import PythonFileTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
@@ -27,119 +29,160 @@ from ..conftest import wait_for
 DEFS = Path(__file__).with_name("local_defs.py")
 
 
-def submit(workspace, asset: str) -> str:
+def submit(workspace, *assets: str) -> str:
     context = workspace.create_request_context()
     result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
         "selector": {"repositoryLocationName": "local_slots", "repositoryName": "__repository__",
-                     "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [asset]}]},
+                     "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
         "mode": "default"}})
     launched = result.data["launchPipelineExecution"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     return launched["run"]["runId"]
 
 
-def test_gpu_run_beyond_local_slots_waits_then_starts(tmp_path, monkeypatch, classes_dir):
+@contextmanager
+def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, **settings):
+    """The embedded coordinator on a real instance and workspace; class `default` gets `settings`.
+
+    Yields (instance, workspace, a queue-daemon pass, open(n): let the n-th `docs__slow` step to get the
+    slot finish; see local_defs).
+    """
     db_uri = str(tmp_path / "lancedb")
+    gates = tmp_path / "gates"
+    gates.mkdir()
     monkeypatch.setenv("GPUFN_LANCEDB_URI", db_uri)
     monkeypatch.setenv("GPUFN_CLASSES_DIR", str(classes_dir))
+    monkeypatch.setenv("GPUFN_TEST_GATES", str(gates))
     spec = yaml.safe_load((classes_dir / "default.yaml").read_text())
-    spec["local"] = {"slots": 1, "devices": ["3"]}
+    spec.update(settings)
     (classes_dir / "default.yaml").write_text(yaml.safe_dump(spec))
-    lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(6)), "text": [f"d{i}" for i in range(6)]}),
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(rows)), "text": [f"d{i}" for i in range(rows)]}),
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
-                                     "config": {"classes_dir": str(classes_dir)}},
-                 "run_launcher": {"module": "gpufn_dagster.local", "class": "LocalGpuRunLauncher"}}
+                                     "config": {"classes_dir": str(classes_dir)}}}
     target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None,
                               location_name="local_slots")
     with instance_for_test(overrides=overrides) as instance, \
             create_test_daemon_workspace_context(target, instance) as workspace:
         daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        try:
+            yield instance, workspace, lambda: list(daemon.run_iteration(workspace)), lambda n: (gates / f"open-{n}").touch()
+        finally:
+            (gates / "open-all").touch()  # whatever happened, no run worker is left holding a slot
 
-        def dequeue() -> None:
-            list(daemon.run_iteration(workspace))
 
+def messages(instance, run_id: str) -> str:
+    return "\n".join(e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message)
+
+
+def pending(instance, pool: str = "gpu-default") -> list[str]:
+    """The runs whose steps wait for a slot of the pool (a step given a slot stays listed, assigned)."""
+    return [p.run_id for p in instance.event_log_storage.get_concurrency_info(pool).pending_steps
+            if p.assigned_timestamp is None]
+
+
+def succeeded_steps(instance, run_id: str) -> set[str]:
+    return {e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
+
+
+def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1, "devices": ["3"]}) as (
+            instance, workspace, queue_pass, open_gate):
         first = submit(workspace, "docs__slow")
         second = submit(workspace, "docs__slow")
-        assert instance.get_run_by_id(first).tags["gpufn/gpu-class"] == "default"
-        waiting = instance.get_run_by_id(second)
-        assert waiting.tags["gpufn/capacity"] == "waiting"
-        events = [e.message for e in instance.all_logs(second) if e.is_dagster_event and e.message]
-        assert any("Waiting for a local GPU slot of class 'default': all 1 slot(s) in use" in m for m in events)
+        queue_pass()  # launches both: a run whose GPU step must wait still starts
+        wait_for(lambda: pending(instance) == [second], timeout=180, what="second run's GPU step waiting for the slot")
+        assert instance.get_run_by_id(second).status == DagsterRunStatus.STARTED  # never failed, never on CPU
+        assert "Step blocked by limit for pool gpu-default" in messages(instance, second)  # Dagster's own line
+
+        queue_pass()  # the pass that describes the wait on the run's page and in its tags
+        run = instance.get_run_by_id(second)
+        assert run.tags["gpufn/capacity"] == "waiting" and run.tags["gpufn/capacity-reason"] == "LocalSlotsInUse"
+        assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags["gpufn/waiting-since"]
+        assert (f"Step docs__slow waits for a local GPU slot of class 'default': all 1 slot(s) in use "
+                f"(run {first[:8]} step docs__slow); first in line, 1 step(s) of the class waiting") in messages(instance, second)
+        queue_pass()  # nothing changed: nothing repeated
+        assert messages(instance, second).count("waits for a local GPU slot") == 1
 
         # The operator's view on the command line.
         listed = subprocess.run([sys.executable, "-m", "gpufn_dagster.cli", "capacity", "--json"], check=True,
                                 capture_output=True, text=True, env={**os.environ, "DAGSTER_HOME": instance.root_directory})
         assert [r["run_id"] for r in json.loads(listed.stdout)["default"]] == [second]
 
-        dequeue()
-        wait_for(lambda: instance.get_run_by_id(first).status in (DagsterRunStatus.STARTED, DagsterRunStatus.SUCCESS),
-                 timeout=60, what="first run started")
-        dequeue()
-        assert instance.get_run_by_id(second).status == DagsterRunStatus.QUEUED  # never failed, never on CPU
-
-        wait_for(lambda: instance.get_run_by_id(first).status == DagsterRunStatus.SUCCESS, timeout=120,
+        open_gate(1)
+        wait_for(lambda: instance.get_run_by_id(first).status == DagsterRunStatus.SUCCESS, timeout=240,
                  what="first run done")
-        deadline = time.monotonic() + 60
-        while instance.get_run_by_id(second).status == DagsterRunStatus.QUEUED and time.monotonic() < deadline:
-            dequeue()
-            time.sleep(0.5)
-        wait_for(lambda: instance.get_run_by_id(second).status == DagsterRunStatus.SUCCESS, timeout=120,
-                 what="second run done")
+        wait_for(lambda: not pending(instance), timeout=120, what="the second run's step got the freed slot")
+        queue_pass()  # the wait ended: the run's page and tags say so
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "running" and run.tags["gpufn/local-slot"] == "0"
-        # The queue's next pass says the present: both runs ended, so neither holds a slot any more.
-        dequeue()
-        assert {instance.get_run_by_id(r).tags["gpufn/capacity"] for r in (first, second)} == {"released"}
-        assert instance.get_run_by_id(second).tags["gpufn/capacity-reason"] == "RunEnded"
-        events = [e.message for e in instance.all_logs(second) if e.is_dagster_event and e.message]
-        assert any("Got local GPU slot 0 of class 'default' after waiting" in m for m in events)
-        logs = " ".join(e.user_message for e in instance.all_logs(first))
-        assert "GPU class default x1" in logs
+        assert run.tags["gpufn/capacity"] == "running" and run.tags["gpufn/capacity-reason"] == "SlotAcquired"
+        assert "Its GPU steps got their local GPU slots after waiting" in messages(instance, second)
+        open_gate(2)
+        wait_for(lambda: instance.get_run_by_id(second).status == DagsterRunStatus.SUCCESS, timeout=240,
+                 what="second run done")
+        queue_pass()  # both runs ended: the tags say the present
+        run = instance.get_run_by_id(second)
+        assert run.tags["gpufn/capacity"] == "released" and run.tags["gpufn/capacity-reason"] == "RunEnded"
+        logs = " ".join(e.user_message for e in instance.all_logs(second))
+        assert "local GPU slot 0 of class 'default', CUDA_VISIBLE_DEVICES=3" in logs
         # The Function ran with its slot's device visible (class default: local.devices = ["3"]).
-        values = lancedb.connect(db_uri).open_table("docs").to_arrow().column("slow").to_pylist()
+        values = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"]).open_table("docs").to_arrow().column("slow").to_pylist()
         assert values and all(v.endswith("@3") for v in values)
 
 
-def _embedded(tmp_path, monkeypatch, classes_dir, **local):
-    """An instance with the embedded coordinator, and class `default` given `local` settings."""
-    db_uri = str(tmp_path / "lancedb")
-    monkeypatch.setenv("GPUFN_LANCEDB_URI", db_uri)
-    monkeypatch.setenv("GPUFN_CLASSES_DIR", str(classes_dir))
-    spec = yaml.safe_load((classes_dir / "default.yaml").read_text())
-    spec.update(local)
-    (classes_dir / "default.yaml").write_text(yaml.safe_dump(spec))
-    lancedb.connect(db_uri).create_table("docs", pa.table({"id": [1], "text": ["d"]}), storage_options=STABLE_ROW_IDS)
-    overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
-                                     "config": {"classes_dir": str(classes_dir)}},
-                 "run_launcher": {"module": "gpufn_dagster.local", "class": "LocalGpuRunLauncher"}}
-    target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None,
-                              location_name="local_slots")
-    return instance_for_test(overrides=overrides), target
+def test_materialize_all_mixes_classes_and_only_gpu_steps_hold_slots(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}) as (instance, workspace, queue_pass, open_gate):
+        holder = submit(workspace, "docs__slow")
+        queue_pass()
+        wait_for(lambda: [s.run_id for s in instance.event_log_storage.get_concurrency_info("gpu-default").claimed_slots]
+                 == [holder], timeout=180,
+                 what="the holder's GPU step holding class default's slot")
+        everything = submit(workspace, "docs__slow", "docs__reversed", "docs__size")
+        assert instance.get_run_by_id(everything).tags["gpufn/gpu-class"] == "default,l4"
+        queue_pass()
+        # While class default's slot is held, the CPU step and the l4 step of the same run finish.
+        wait_for(lambda: succeeded_steps(instance, everything) >= {"docs__reversed", "docs__size"}
+                 and pending(instance) == [everything], timeout=240,
+                 what="CPU and l4 steps done while the default step waits")
+        assert instance.get_run_by_id(everything).status == DagsterRunStatus.STARTED
+        assert "docs__slow" not in succeeded_steps(instance, everything)
+        open_gate(1)
+        open_gate(2)
+        wait_for(lambda: instance.get_run_by_id(everything).status == DagsterRunStatus.SUCCESS, timeout=240,
+                 what="Materialize all done")
+        table = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"]).open_table("docs").to_arrow()
+        assert table.column("reversed").to_pylist()[0] == "0d" and table.column("size").to_pylist()[0] == 2
 
 
 def test_a_class_without_local_slots_refuses_its_runs_at_once(tmp_path, monkeypatch, classes_dir):
-    instance_cm, target = _embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 0})
-    with instance_cm as instance, create_test_daemon_workspace_context(target, instance) as workspace:
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 0}) as (instance, workspace, _, _open_gate):
         run = instance.get_run_by_id(submit(workspace, "docs__slow"))
-        assert run.status == DagsterRunStatus.FAILURE  # not QUEUED forever
-        events = " ".join(e.message for e in instance.all_logs(run.run_id) if e.is_dagster_event and e.message)
-        assert "GPU class 'default' has local.slots: 0" in events
+        assert run.status == DagsterRunStatus.FAILURE  # not waiting forever
+        assert "GPU class 'default' has local.slots: 0" in messages(instance, run.run_id)
 
 
-def test_a_local_wait_past_max_wait_fails_the_run(tmp_path, monkeypatch, classes_dir):
-    instance_cm, target = _embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}, max_wait="2s")
-    with instance_cm as instance, create_test_daemon_workspace_context(target, instance) as workspace:
+def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}, max_wait="3s") as (
+            instance, workspace, queue_pass, open_gate):
         first = submit(workspace, "docs__slow")
         second = submit(workspace, "docs__slow")
-        assert instance.get_run_by_id(second).tags["gpufn/capacity"] == "waiting"
-        instance.run_coordinator.get_run_queue_config()  # a queue pass within max_wait: it keeps waiting
-        assert instance.get_run_by_id(second).status == DagsterRunStatus.QUEUED
-        time.sleep(2.5)
-        instance.run_coordinator.get_run_queue_config()  # the queue daemon's next pass
+        queue_pass()
+        wait_for(lambda: pending(instance) == [second], timeout=180, what="second run's GPU step waiting")
+        since = min(p.enqueued_timestamp.timestamp() for p in
+                    instance.event_log_storage.get_concurrency_info("gpu-default").pending_steps if p.run_id == second)
+        queue_pass()  # a pass within max_wait (if the machine got here in time): it keeps waiting
+        if time.time() - since < 2.5:
+            assert instance.get_run_by_id(second).status == DagsterRunStatus.STARTED
+        time.sleep(max(0.0, since + 3.5 - time.time()))
+
+        def ended() -> bool:
+            queue_pass()  # the queue daemon's passes past max_wait
+            return instance.get_run_by_id(second).is_finished
+
+        wait_for(ended, timeout=120, what="the waiting run ended")
         run = instance.get_run_by_id(second)
-        assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "timed-out"
+        assert run.status == DagsterRunStatus.CANCELED and run.tags["gpufn/capacity"] == "timed-out"
         assert run.tags["gpufn/capacity-reason"] == "MaxWaitExceeded"
-        events = " ".join(e.message for e in instance.all_logs(second) if e.is_dagster_event and e.message)
-        assert "Gave up waiting for a local GPU slot of class 'default' after" in events
-        assert instance.get_run_by_id(first).status == DagsterRunStatus.QUEUED  # the one holding the slot is left be
+        assert "Gave up waiting for a local GPU slot of class 'default' after" in messages(instance, second)
+        assert instance.get_run_by_id(first).status == DagsterRunStatus.STARTED  # the one holding the slot is left be
+        assert pending(instance) == []  # its claim was given back

@@ -74,3 +74,15 @@ def test_a_run_without_a_pod_is_replacing_lost_or_not_started_yet():
     assert failed.tags[CAPACITY_REASON_TAG] == "JobFailed" and "BackoffLimitExceeded" in failed.fail
     gone = decide_without_pod({CAPACITY_TAG: "scheduled"}, None, None)
     assert gone.tags == {CAPACITY_TAG: "lost", CAPACITY_REASON_TAG: "PodLost"} and "re-execute" in gone.fail
+
+
+def test_a_local_wait_names_who_holds_the_slots_and_who_is_ahead():
+    from gpufn_dagster.run.pools import step_waits, wait_message
+
+    waits = step_waits("l4", [("run-b", "docs__embedding", NOW + 5, 0), ("run-a", "docs__summary", NOW, 0)],
+                       [("run-x", "docs__embedding"), ("run-y", "docs__embedding")])
+    second = next(w for w in waits if w.run_id == "run-b")
+    message = wait_message(second, L4, [w for w in waits if w.position < second.position])
+    assert second.position == 2 and second.digest == "l4:docs__embedding:2/2"
+    assert "all 2 slot(s) in use (run run-x step docs__embedding, run run-y step docs__embedding)" in message
+    assert "position 2, behind run run-a step docs__summary, 2 step(s) of the class waiting" in message

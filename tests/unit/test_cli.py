@@ -34,7 +34,7 @@ def test_capacity_finds_the_project_home_or_says_what_to_do(tmp_path: Path):
     assert lost.returncode == 1 and "Traceback" not in lost.stderr
     assert "no Dagster instance here: set DAGSTER_HOME" in lost.stderr and len(lost.stderr.strip().splitlines()) == 1
     (tmp_path / ".dagster_home").mkdir()
-    shutil.copy(REPO / "dagster.yaml", tmp_path / ".dagster_home" / "dagster.yaml")
+    shutil.copy(REPO / "deploy" / "dagster-embedded.yaml", tmp_path / ".dagster_home" / "dagster.yaml")
     shutil.copytree(REPO / "classes", tmp_path / "classes")
     found = run(["capacity", "--json"], tmp_path)
     assert found.returncode == 0, found.stderr

@@ -12,7 +12,7 @@ MODULES = [
     "gpufn_dagster.components.function_column", "gpufn_dagster.definitions", "gpufn_dagster.functions",
     "gpufn_dagster.k8s_syntax", "gpufn_dagster.options", "gpufn_dagster.refresh.engine",
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
-    "gpufn_dagster.run.shared", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
+    "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
     "gpufn_dagster.views",
 ]
 
