@@ -97,6 +97,14 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
     }
     if result.load_seconds >= 0.05:
         metadata["load_seconds"] = dg.FloatMetadataValue(round(result.load_seconds, 2))
+    if result.first_values_seconds is not None:
+        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(result.first_values_seconds, 2))
+        metadata["busy_fraction"] = dg.FloatMetadataValue(round(result.busy_fraction, 3))
+        metadata["batch_rows_largest"] = result.batch_rows_largest
+    if result.oom_splits:
+        metadata["oom_splits"] = result.oom_splits
+        metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
+    metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
     if result.lease_wait_seconds >= 0.5:
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
     if function.gpu_count and gpu_class is not None:
@@ -115,7 +123,8 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
         "inputs": ", ".join(function.inputs),
         "output_type": str(function.output_type),
         "function_version": function.version,
-        "batch_size": function.batch_size,
+        "batch_size": (f"{function.batch_size}, adapting up to {function.max_batch_size}"
+                       if function.adapt_batch_size else f"{function.batch_size} (pinned)"),
         "on_error": function.on_error,
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
         **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),

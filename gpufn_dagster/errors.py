@@ -51,6 +51,11 @@ class CommitRacesLost(GpufnError, RuntimeError):
     """Concurrent writers of the same fragments (compaction?) won every commit race; run the refresh again."""
 
 
+class RefreshStopped(GpufnError, RuntimeError):
+    """A fragment's work stopped because another fragment of the same refresh failed; the refresh
+    raises that fragment's error, never this one."""
+
+
 class LeaseLost(GpufnError, RuntimeError):
     """The refresh's lease on its column expired while held; another refresh may have taken over."""
 

@@ -30,6 +30,7 @@ from .options import ErrorPolicy, FunctionOptions, document_options
 # signature scheme), so each column is recomputed once after such an upgrade, never compared
 # across schemes.
 STORAGE_FORMAT = 2
+MAX_BATCH_SIZE = 4096  # the default ceiling of adapting calls: a GPU is full long before, memory stays small
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PY_TO_ARROW: dict[Any, pa.DataType] = {
     int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
@@ -86,6 +87,8 @@ class Function:
     description: str | None = None
     group_name: str | None = None
     checkpoint_seconds: float = 10.0
+    max_batch_size: int = 4096
+    adapt_batch_size: bool = True
 
     @property
     def sig_column(self) -> str:
@@ -200,6 +203,10 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
         raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {options.on_error!r}")
     if options.batch_size < 1:
         raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
+    if options.max_batch_size is not None and options.max_batch_size < options.batch_size:
+        raise FunctionDefinitionError(
+            f"{label}: field 'max_batch_size': must be at least batch_size ({options.batch_size}), "
+            f"got {options.max_batch_size}")
     if options.gpu_count < 0:
         raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
 
@@ -309,4 +316,6 @@ def make_function(target: Any, **options: Any) -> Function:
         description=opts.description or inspect.getdoc(original),
         group_name=opts.group_name,
         checkpoint_seconds=opts.checkpoint_seconds,
+        max_batch_size=opts.max_batch_size or max(MAX_BATCH_SIZE, opts.batch_size),
+        adapt_batch_size=opts.adapt_batch_size,
     )

@@ -53,7 +53,13 @@ class FunctionOptions(dg.Resolvable):
     gpu_class: Annotated[str | None, _described(
         "The GPU class it runs on (default: 'default' for a GPU Function; none makes it a CPU Function).")] = None
     gpu_count: Annotated[int, _described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
-    batch_size: Annotated[int, _described("Rows per call of a batch Function, and per checkpointed batch.")] = 1024
+    batch_size: Annotated[int, _described(
+        "Rows of the first call (a small probe, so first values and errors show within seconds); later calls "
+        "adapt toward 1 s each, at most 4x per step, up to max_batch_size.")] = 64
+    max_batch_size: Annotated[int | None, _described(
+        "The most rows one call may take as batches adapt (default 4096, or batch_size when larger).")] = None
+    adapt_batch_size: Annotated[bool, _described(
+        "Whether calls adapt; false pins every call at batch_size (still split when out of device memory).")] = True
     on_error: Annotated[ErrorPolicy, _described(
         "'fail' stops the refresh at the first failing row; 'skip' leaves that row NULL, records it in the "
         "gpufn_errors table and retries it on the next refresh.")] = "fail"

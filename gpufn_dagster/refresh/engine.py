@@ -12,20 +12,25 @@ vector index). Rows that fail under on_error="skip" are stored with the signatur
 the next refresh retries them. Refreshes of one column are serialized by a lease (`lease`), and
 a Function reading another Function's column refuses to start while that column is not current.
 
-Fragments are processed by a small thread pool (Lance scans and writes release the GIL); calls
-into the Function are serialized by a lock, because one worker's model is not assumed to be
-thread-safe.
+The worker is a pipeline, so the model never waits for the table when the table can keep up:
+fragments are read by a small thread pool (Lance scans and writes release the GIL; `reads` cuts
+them into calls), and each fragment thread reads and hashes its next calls, and writes its
+finished ones, while one model thread calls the Function on the calls handed to it (a model is
+not assumed to be thread-safe; CUDA work stays on one thread). Each fragment thread keeps at most
+`prefetch` calls ahead of the one it waits for, so memory is bounded by call size x prefetch x
+threads, never by the table. Calls adapt (`batches`): a small probe first, then toward a target
+time per call; a call that runs out of device memory is split (`execute`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,100 +41,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.commit import CommitConflictError
 
-from ..errors import CommitRacesLost, CommitRefused
+from ..errors import CommitRacesLost, CommitRefused, RefreshStopped
 from ..functions import Function
+from .batches import BatchSizer
 from .checkpoint import CheckpointStore
 from .columns import ensure_columns
-from .execute import RowError, call_function
+from .execute import BatchFit, RowError, call_function
+from .gpu_stats import GpuSampler
 from .lease import DEFAULT_TTL, ColumnLease
 from .leftovers import WrittenFiles
 from .plan import FragmentWork, content_keys, field_ids, plan_fragments
+from .progress import Progress, Ticker
+from .reads import ADDRESS, READ_ROWS, cut_calls, read_windows
 from .signature import FAILED, check_input_types, row_signatures, scan_expressions
 from .state import ColumnState, load_state, save_state
 from .upstream import check_upstream
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
-ADDRESS = "_rowaddr"
 _COMMIT_ATTEMPTS = 5
-
-
-@dataclass
-class Progress:
-    """What the run log shows during a long refresh: loading the Function, then the rows.
-
-    The rate and the time left are those of computing alone: the clock starts when this attempt's
-    rows start and stops while the Function loads (a model can take longer than the rows), so the
-    first estimate is not skewed by the load.
-
-    >>> p = Progress(rows_to_scan=1000, started=0.0)
-    >>> p.rows_scanned, p.rows_computed = 250, 200
-    >>> p.line(now=10.0)
-    '250/1,000 rows checked, 200 computed, 0 failed, 25 rows/s, 30s left'
-    >>> p.loading_since = 10.0
-    >>> p.line(now=14.0)
-    'loading the Function: 4s so far (250/1,000 rows checked)'
-    """
-
-    rows_scanned: int = 0
-    rows_to_scan: int = 0
-    rows_computed: int = 0
-    rows_failed: int = 0
-    started: float = field(default_factory=time.monotonic)
-    load_seconds: float = 0.0  # spent constructing the Function's callable (loading a model)
-    loading_since: float | None = None  # set while it loads
-
-    def restart(self, rows_to_scan: int) -> None:
-        """A new attempt (after a commit race) counts from zero: the final numbers are its own."""
-        self.rows_scanned = self.rows_computed = self.rows_failed = 0
-        self.rows_to_scan, self.started, self.load_seconds = rows_to_scan, time.monotonic(), 0.0
-
-    def computing_seconds(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        loading = now - self.loading_since if self.loading_since is not None else 0.0
-        return max(now - self.started - self.load_seconds - loading, 0.0)
-
-    def rate(self, now: float | None = None) -> float:
-        seconds = self.computing_seconds(now)
-        return self.rows_scanned / seconds if seconds > 0 else 0.0
-
-    def seconds_left(self, now: float | None = None) -> float | None:
-        rate = self.rate(now)
-        return (self.rows_to_scan - self.rows_scanned) / rate if rate > 0 else None
-
-    def line(self, now: float | None = None) -> str:
-        now = time.monotonic() if now is None else now
-        checked = f"{self.rows_scanned:,}/{self.rows_to_scan:,} rows checked"
-        if self.loading_since is not None:
-            return f"loading the Function: {now - self.loading_since:.0f}s so far ({checked})"
-        left = self.seconds_left(now)
-        eta = f"{left:.0f}s left" if left is not None else "time left unknown"
-        loaded = f" (Function loaded in {self.load_seconds:.1f}s)" if self.load_seconds else ""
-        return (f"{checked}, {self.rows_computed:,} computed, {self.rows_failed:,} failed, "
-                f"{self.rate(now):,.0f} rows/s, {eta}{loaded}")
-
-
-class _Ticker:
-    """Reports the progress every `every` seconds from its own thread, however long one batch or
-    the Function's loading takes (and once more when it stops)."""
-
-    def __init__(self, report: Callable[[Progress], None] | None, progress: Progress, every: float):
-        self.report, self.progress, self.every = report, progress, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpufn-progress", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.report(self.progress)
-
-    def __enter__(self) -> _Ticker:
-        if self.report is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
 
 
 @dataclass
@@ -176,6 +106,17 @@ class RefreshResult:
     leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
     load_seconds: float = 0.0  # constructing the Function's callable (loading its model), all attempts
     compute_seconds: float = 0.0  # the final attempt's rows, the load left out
+    busy_seconds: float = 0.0  # of those, the time spent inside the Function
+    first_values_seconds: float | None = None  # from the start to the first computed values (None: none computed)
+    oom_splits: int = 0  # batches retried in halves after running out of device memory
+    batch_rows_that_fit: int | None = None  # the most rows a call took after a split (None: no split)
+    batch_rows_largest: int = 0  # the most rows one batch was sized to (the probe, then adapted)
+    gpu: dict[str, float] = field(default_factory=dict)  # NVIDIA's figures over the refresh, when available
+
+    @property
+    def busy_fraction(self) -> float:
+        """Time inside the Function ÷ time computing: how busy the worker kept the model (1.0 = never idle)."""
+        return self.busy_seconds / self.compute_seconds if self.compute_seconds > 0 else 0.0
 
     @property
     def rows_per_second(self) -> float:
@@ -195,12 +136,16 @@ class _Attempt:
     """State shared by the fragment workers of one plan-compute-commit attempt."""
 
     def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
-                 written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any):
+                 written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any,
+                 fit: BatchFit, sizer: BatchSizer, prefetch: int):
         self.dataset, self.function, self.store, self.written = dataset, function, store, written
-        self.report, self.progress = report, progress
+        self.report, self.progress, self.fit, self.sizer, self.prefetch = report, progress, fit, sizer, prefetch
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
         self.call = call
+        self.stop = threading.Event()  # set when a fragment failed: the others end early
+        # The one thread that calls the Function (prefetch 0: each fragment thread calls it in turn).
+        self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if prefetch else None
         names = [*function.columns, function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
         self.out_ids = field_ids(dataset, names)
@@ -208,11 +153,36 @@ class _Attempt:
         self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
         self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
 
+    def submit(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> Future[tuple[pa.Array, list[RowError]]]:
+        """Hand a batch to the model thread; its values come back through the future."""
+        if self.model is not None:
+            return self.model.submit(self.compute, inputs, addresses)
+        done: Future[tuple[pa.Array, list[RowError]]] = Future()
+        try:
+            done.set_result(self.compute(inputs, addresses))
+        except BaseException as err:
+            done.set_exception(err)
+        return done
+
     def compute(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.Array, list[RowError]]:
+        if self.stop.is_set():
+            raise RefreshStopped
         with self.call_lock:
             if self.call is None:
                 self.call = self._load()
-            return call_function(self.call, self.function, inputs, addresses)
+            began = time.monotonic()
+            try:
+                return call_function(self.call, self.function, inputs, addresses, self.fit)
+            finally:
+                done = time.monotonic()
+                self.progress.busy_seconds += done - began
+                if self.progress.first_values_at is None:
+                    self.progress.first_values_at = done
+                self.sizer.observe(inputs.num_rows, done - began, fits=self.fit.rows)
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.shutdown(wait=True, cancel_futures=True)
 
     def _load(self) -> Any:
         """Construct the Function's callable (a class loads its model here): only once some row needs
@@ -235,32 +205,58 @@ class _Attempt:
             self.progress.rows_failed += len(outcome.errors)
 
 
-def _outputs(attempt: _Attempt, batch: pa.RecordBatch, addresses: np.ndarray,
-             new: bool) -> tuple[pa.RecordBatch, Outcome]:
-    """Output columns for a scanned batch: current rows keep their values, stale rows are computed.
+@dataclass
+class _Staged:
+    """A batch read and hashed, its stale rows handed to the model; `values` None when none is stale."""
+
+    batch: pa.RecordBatch
+    addresses: np.ndarray
+    offsets: np.ndarray  # the rows' physical offsets in the fragment
+    start: int  # the physical offset the batch's output starts at (after the previous batch)
+    now: np.ndarray  # each row's current signature
+    stale_idx: np.ndarray
+    retried: np.ndarray  # rows stored as FAILED by an earlier refresh
+    values: Future[tuple[pa.Array, list[RowError]]] | None
+
+
+def _stage(attempt: _Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _Staged:
+    """Hash a scanned batch and hand its stale rows to the model: current rows keep their values.
 
     In a fragment the Function never wrote (`new`), every row is stale and nothing stored is read.
-    A row that fails is stored with the signature FAILED, so it stays stale.
     """
     function = attempt.function
+    addresses = batch.column(ADDRESS).to_numpy()
     now = row_signatures(function, batch).to_numpy().copy()
     if new:
         stale_idx = np.arange(batch.num_rows)
-        stored = None
         retried = np.zeros(batch.num_rows, dtype=bool)
     else:
         stored = batch.column(function.sig_column)
         stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
             zero_copy_only=False))
         retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
-    outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
-    if len(stale_idx) == 0:
-        merged = [batch.column(name) for name in function.columns]
-    else:
+    values = None
+    if len(stale_idx):
         inputs = batch.select(list(function.inputs))
         if len(stale_idx) < batch.num_rows:
             inputs = inputs.take(pa.array(stale_idx))
-        values, errors = attempt.compute(inputs, addresses[stale_idx])
+        values = attempt.submit(inputs, addresses[stale_idx])
+    return _Staged(batch, addresses, (addresses & 0xFFFFFFFF).astype(np.int64), start, now, stale_idx, retried, values)
+
+
+def _outputs(attempt: _Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome]:
+    """The staged batch's output columns, once the model returned its stale rows' values.
+
+    A row that fails is stored with the signature FAILED, so it stays stale.
+    """
+    function = attempt.function
+    batch, addresses, now, stale_idx, retried = (staged.batch, staged.addresses, staged.now, staged.stale_idx,
+                                                 staged.retried)
+    outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
+    if staged.values is None:
+        merged = [batch.column(name) for name in function.columns]
+    else:
+        values, errors = staged.values.result()
         computed = [values] if len(function.columns) == 1 else values.flatten()
         if len(stale_idx) == batch.num_rows:
             merged = computed
@@ -299,23 +295,12 @@ class _PendingChunk:
         self.attempt, self.item = attempt, item
         self.start, self.batches, self.outcome, self.since = start, [], Outcome(), time.monotonic()
 
-    def restart_at(self, start: int) -> None:
-        self.start = start
-
     def add(self, aligned: pa.RecordBatch, outcome: Outcome, end: int) -> None:
         self.batches.append(aligned)
         self.outcome.add(outcome)
         if time.monotonic() - self.since >= self.attempt.function.checkpoint_seconds:
             self.attempt.store.save_chunk(self.item, self.start, end, self.batches, self.outcome.to_json())
             self.start, self.batches, self.outcome, self.since = end, [], Outcome(), time.monotonic()
-
-
-def _restore_chunk(attempt: _Attempt, writer: FragmentFileWriter, path: str) -> Outcome:
-    """Write a checkpointed chunk's batches again instead of computing them; returns what they held."""
-    batches, info = attempt.store.load_chunk(path)
-    for restored in batches:
-        writer.write(restored)
-    return Outcome.from_json(info)
 
 
 def _close_fragment(attempt: _Attempt, item: FragmentWork, writer: FragmentFileWriter, total: Outcome,
@@ -335,7 +320,14 @@ def _close_fragment(attempt: _Attempt, item: FragmentWork, writer: FragmentFileW
 
 
 def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
-    """Compute one fragment's new column file, batch by batch, reusing checkpointed chunks."""
+    """Compute one fragment's new column file, reusing checkpointed chunks.
+
+    Checkpointed chunks cover the fragment from its first row on; they are written again as they
+    are, and computing resumes at the first row after them. The rest is read in large batches and
+    cut into calls of the size the sizer asks for; each call is hashed and handed to the model
+    thread, and written in order once its values are back, with at most `prefetch` calls staged
+    ahead of the one waited for.
+    """
     done = attempt.store.load_fragment(item)
     if done is not None and (done["file"] is None or (Path(attempt.dataset.uri) / "data" / done["file"]).exists()):
         result = _finished(attempt, item, done)
@@ -344,40 +336,50 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
     name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
     attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
     writer = FragmentFileWriter(attempt.dataset, name, attempt.out_schema)
-    saved = attempt.store.chunks(item)
-    next_offset = skip_until = 0
     total = Outcome()
-    pending = _PendingChunk(attempt, item, start=0)
+    resume_at = _restore_chunks(attempt, item, writer, total)
+    pending = _PendingChunk(attempt, item, start=resume_at)
     new = item.reason == "new"
-    scanner = attempt.dataset.get_fragment(item.fragment_id).scanner(
-        columns=attempt.new_scan if new else attempt.stale_scan, batch_size=attempt.function.batch_size,
-        with_row_address=True, strict_batch_size=True)
-    for batch in scanner.to_batches():
-        if batch.num_rows == 0:
-            continue
-        addresses = batch.column(ADDRESS).to_numpy()
-        offsets = (addresses & 0xFFFFFFFF).astype(np.int64)
-        start, end = next_offset, int(offsets[-1]) + 1
-        if end <= skip_until:  # inside a chunk restored from a checkpoint
-            next_offset = end
-            attempt.advance(batch.num_rows, Outcome())
-            continue
-        if start in saved:
-            skip_until, path = saved[start]
-            restored = _restore_chunk(attempt, writer, path)
-            total.add(restored)
-            next_offset = skip_until
-            pending.restart_at(skip_until)
-            attempt.advance(batch.num_rows, Outcome(errors=restored.errors))
-            continue
-        out, outcome = _outputs(attempt, batch, addresses, new)
-        aligned = align_to_physical(out, offsets, start, attempt.out_schema)
+    staged: deque[_Staged] = deque()  # handed to the model, in fragment order
+
+    def finish(ready: _Staged) -> None:
+        out, outcome = _outputs(attempt, ready)
+        aligned = align_to_physical(out, ready.offsets, ready.start, attempt.out_schema)
         writer.write(aligned)
-        next_offset = end
         total.add(outcome)
-        pending.add(aligned, outcome, end)
-        attempt.advance(batch.num_rows, outcome)
+        pending.add(aligned, outcome, int(ready.offsets[-1]) + 1)
+        attempt.advance(ready.batch.num_rows, outcome)
+
+    fragment = attempt.dataset.get_fragment(item.fragment_id)
+    reads = read_windows(fragment, attempt.new_scan if new else attempt.stale_scan,
+                         max(attempt.function.batch_size, READ_ROWS), attempt.stop)
+    call_start = resume_at
+    for batch in cut_calls(reads, lambda: attempt.sizer.rows, resume_at,
+                           skipped=lambda rows: attempt.advance(rows, Outcome())):
+        ready = _stage(attempt, batch, call_start, new)
+        call_start = int(ready.offsets[-1]) + 1  # deleted rows before the next call's first row are its own
+        staged.append(ready)
+        while len(staged) > attempt.prefetch:
+            finish(staged.popleft())
+    while staged:
+        finish(staged.popleft())
     return _close_fragment(attempt, item, writer, total, new)
+
+
+def _restore_chunks(attempt: _Attempt, item: FragmentWork, writer: FragmentFileWriter, total: Outcome) -> int:
+    """Write the fragment's checkpointed chunks again (they follow each other from row 0); returns
+    the physical offset where computing resumes."""
+    saved = attempt.store.chunks(item)
+    at = 0
+    while at in saved:
+        at, path = saved[at]
+        batches, info = attempt.store.load_chunk(path)
+        for restored in batches:
+            writer.write(restored)
+        outcome = Outcome.from_json(info)
+        total.add(outcome)
+        attempt.advance(0, Outcome(errors=outcome.errors))
+    return at
 
 
 def _state_after(state: ColumnState, results: list[_FragmentResult]) -> ColumnState:
@@ -388,9 +390,26 @@ def _state_after(state: ColumnState, results: list[_FragmentResult]) -> ColumnSt
 
 
 def _compute(attempt: _Attempt, work: list[FragmentWork], workers: int) -> list[_FragmentResult]:
-    """Every planned fragment's new column file, `workers` fragments at a time."""
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
-        return list(pool.map(functools.partial(_refresh_fragment, attempt), work))
+    """Every planned fragment's new column file, `workers` fragments at a time.
+
+    The first fragment that fails stops the others (no GPU time is spent on a refresh that cannot
+    commit), and its error is the one raised.
+    """
+    error: BaseException | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
+            futures = [pool.submit(_refresh_fragment, attempt, item) for item in work]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            error = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+            if error is not None:
+                attempt.stop.set()
+                for future in futures:
+                    future.cancel()
+    finally:
+        attempt.close()
+    if error is not None:
+        raise error
+    return [f.result() for f in futures]
 
 
 def _commit(dataset: lance.LanceDataset, function: Function,
@@ -420,6 +439,7 @@ def refresh_column(
     holder: str | None = None,
     on_wait: Callable[[str], None] | None = None,
     lease_seconds: float = DEFAULT_TTL,
+    prefetch: int = PREFETCH,
 ) -> RefreshResult:
     """Bring the Function's column up to date; returns what was done. Safe to kill and re-run.
 
@@ -433,6 +453,8 @@ def refresh_column(
         holder: who refreshes (a run id), shown to a refresh of the same column that waits.
         on_wait: called with a line while this refresh waits for another one of the same column.
         lease_seconds: how long a killed refresh blocks the next one of the same column.
+        prefetch: batches each fragment thread reads and hashes ahead of the one the model works
+            on; 0 calls the Function from the fragment threads in turn, reading nothing ahead.
 
     Example:
         >>> import lance, pyarrow as pa, tempfile
@@ -456,8 +478,11 @@ def refresh_column(
     load_seconds = computing = 0.0
     workers = concurrency or min(4, os.cpu_count() or 1)
     call: Any = None
-    with ColumnLease(table_uri, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
-                     ttl=lease_seconds, on_wait=on_wait) as lease:
+    fit = BatchFit()
+    sizer = BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size)
+    lease = ColumnLease(table_uri, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
+                        ttl=lease_seconds, on_wait=on_wait)
+    with GpuSampler() as gpu, lease:
         try:
             dataset = ensure_columns(table_uri, function)
             version_before = dataset.version
@@ -468,8 +493,8 @@ def refresh_column(
                 work = plan_fragments(dataset, function, state)
                 visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
                 progress.restart(sum(w.live_rows for w in work))
-                attempt = _Attempt(dataset, function, store, written, report, progress, call)
-                with _Ticker(report, progress, report_every):
+                attempt = _Attempt(dataset, function, store, written, report, progress, call, fit, sizer, prefetch)
+                with Ticker(report, progress, report_every):
                     results = _compute(attempt, work, workers)
                 call = attempt.call
                 load_seconds += progress.load_seconds
@@ -513,4 +538,7 @@ def refresh_column(
         fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
         lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
         leftover_files_removed=files_removed, load_seconds=load_seconds, compute_seconds=computing,
+        busy_seconds=progress.busy_seconds, oom_splits=fit.splits, batch_rows_that_fit=fit.rows, gpu=gpu.figures(),
+        batch_rows_largest=sizer.largest,
+        first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
     )

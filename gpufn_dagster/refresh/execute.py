@@ -3,10 +3,17 @@
 Returns values for every row asked (NULL where a row failed under `on_error="skip"`) plus the
 failures, so the caller decides what to persist. A batch Function that raises under "skip" is
 retried row by row (as one-row batches) to pin the failure on the rows that caused it.
+
+A batch that runs out of device memory is not a failure: it is retried in halves, down to one
+row, and later batches are cut to the size that fit (`BatchFit`); only a single row that still
+does not fit fails, under the error policy. Out of memory is an exception of a class named
+`OutOfMemoryError` (torch's `torch.cuda.OutOfMemoryError`, and others' of that name) or one the
+Function's callable declares in its `oom_errors` attribute.
 """
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +31,40 @@ class RowError:
     error: str
     traceback: str
     retried: bool = False  # the row had failed in an earlier refresh too
+
+
+@dataclass
+class BatchFit:
+    """What out-of-memory splits taught one refresh: the most rows a call may take, and how often it split."""
+
+    rows: int | None = None  # None: no batch ran out of memory yet
+    splits: int = 0
+
+    def split(self, rows: int) -> int:
+        """Record that a call of `rows` rows ran out of memory; returns the rows of its first half."""
+        half = (rows + 1) // 2
+        self.splits += 1
+        self.rows = half if self.rows is None else min(self.rows, half)
+        return half
+
+
+def is_out_of_memory(err: BaseException, call: Any) -> bool:
+    """Whether `err` says the device ran out of memory (see the module's docstring).
+
+    >>> class OutOfMemoryError(RuntimeError): pass
+    >>> is_out_of_memory(OutOfMemoryError("CUDA out of memory"), None), is_out_of_memory(ValueError(), None)
+    (True, False)
+    """
+    declared = tuple(getattr(call, "oom_errors", ()) or ())
+    return (bool(declared) and isinstance(err, declared)) or any(
+        cls.__name__ == "OutOfMemoryError" for cls in type(err).__mro__)
+
+
+def _release_device_memory() -> None:
+    # What torch cached for the failed batch would stay reserved for the halves; give it back.
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _to_array(result: Any, data_type: pa.DataType, rows: int) -> pa.Array:
@@ -45,29 +86,49 @@ def _call_batch(call: Callable[..., Any], function: Function, inputs: pa.RecordB
     return _to_array(result, function.output_type, inputs.num_rows)
 
 
+def _in_parts(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int],
+              fit: BatchFit | None, size: int) -> tuple[pa.Array, list[RowError]]:
+    values: list[pa.Array] = []
+    errors: list[RowError] = []
+    for start in range(0, inputs.num_rows, size):
+        value, part_errors = call_function(call, function, inputs.slice(start, size),
+                                           row_addresses[start:start + size], fit)
+        values.append(value)
+        errors.extend(part_errors)
+    return pa.concat_arrays(values), errors
+
+
 def call_function(
-    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int]
+    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int],
+    fit: BatchFit | None = None,
 ) -> tuple[pa.Array, list[RowError]]:
     """Values for each input row, and the rows that failed (only under on_error='skip').
 
-    `row_addresses` (a numpy array is fine) is only read when a row fails.
+    `row_addresses` (a numpy array is fine) is only read when a row fails. `fit` carries what
+    out-of-memory splits taught earlier calls of the same refresh (see the module's docstring).
     """
     if function.call_style is not CallStyle.ROW:
+        if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
+            return _in_parts(call, function, inputs, row_addresses, fit, fit.rows)
         try:
             return _call_batch(call, function, inputs), []
         except Exception as err:
+            oom = is_out_of_memory(err, call)
+            if oom:
+                _release_device_memory()
+                if inputs.num_rows > 1:
+                    return _in_parts(call, function, inputs, row_addresses, fit,
+                                     (fit or BatchFit()).split(inputs.num_rows))
+            what = (f"ran out of device memory on a single row (address {int(row_addresses[0])})" if oom
+                    else f"failed on a batch of {inputs.num_rows} rows")
             if function.on_error == "fail":
-                raise FunctionFailed(f"Function {function.name!r} failed on a batch of {inputs.num_rows} rows: {err!r}") from err
+                raise FunctionFailed(f"Function {function.name!r} {what}: {err!r}") from err
             if inputs.num_rows == 1:
+                message = f"{what}: {err!r}" if oom else repr(err)
                 return pa.nulls(1, function.output_type), [
-                    RowError(int(row_addresses[0]), repr(err), traceback.format_exc())]
-        values: list[pa.Array] = []
-        errors: list[RowError] = []
-        for i in range(inputs.num_rows):
-            value, row_errors = call_function(call, function, inputs.slice(i, 1), row_addresses[i:i + 1])
-            values.append(value)
-            errors.extend(row_errors)
-        return pa.concat_arrays(values), errors
+                    RowError(int(row_addresses[0]), message, traceback.format_exc())]
+        # Under "skip", pin a batch's failure on the rows that caused it: each row on its own.
+        return _in_parts(call, function, inputs, row_addresses, fit, 1)
 
     columns = [inputs.column(name).to_pylist() for name in function.inputs]
     out: list[Any] = []

@@ -65,6 +65,12 @@ def messages(instance: DagsterInstance, run_id: str) -> list[str]:
     return [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
 
 
+def wait_reasons(instance: DagsterInstance, run_id: str) -> list[str]:
+    """The scheduler's reasons each "Waiting for GPU capacity" event of the run reported."""
+    return [e.dagster_event.engine_event_data.metadata["Reasons"].value for e in instance.all_logs(run_id)
+            if e.is_dagster_event and "Waiting for GPU capacity" in (e.message or "")]
+
+
 def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, namespace, instance, watcher,
                                                                      full_a100_pool):
     run_id = materialize(instance, "frames__emb_a100")
@@ -80,7 +86,10 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     assert run_pod(core, namespace, run_id).spec.node_name is None  # no fallback to any other node
 
     watcher.tick()  # nothing changed: no second event
-    assert len([m for m in messages(instance, run_id) if "Waiting for GPU capacity" in m]) == 1
+    # (On a loaded machine the scheduler's reasons can really change between ticks -- a KWOK node
+    # late with its heartbeat is tainted not-ready -- and then a second event is right.)
+    reasons = wait_reasons(instance, run_id)
+    assert len(reasons) == 1 or all(a != b for a, b in zip(reasons, reasons[1:])), reasons
 
     core.patch_namespaced_pod("fill-1", namespace, {"metadata": {"labels": {"gpufn.dev/fake-outcome": "succeed"}}})
     node = wait_for(lambda: run_pod(core, namespace, run_id).spec.node_name, timeout=60, what="scheduled")

@@ -223,18 +223,20 @@ def test_loading_the_model_is_reported_apart_and_progress_keeps_its_interval(db_
 KILLABLE = textwrap.dedent("""
     import sys, time, lance
     from gpufn_dagster import make_function, refresh_column
-    uri, log, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    uri, log, delay, prefetch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     def slow(text: str) -> str:
         with open(log, "a") as f:
             f.write(text + "\\n")
         time.sleep(delay)
         return text.upper() + "@v2"
-    fn = make_function(slow, table="docs", column="shout", batch_size=25, version="%s", checkpoint_seconds=0)
-    refresh_column(uri, fn)
+    fn = make_function(slow, table="docs", column="shout", batch_size=25, adapt_batch_size=False, version="%s",
+                       checkpoint_seconds=0)
+    refresh_column(uri, fn, prefetch=prefetch)
 """)
 
 
-def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Path):
+@pytest.mark.parametrize("prefetch", [0, 2], ids=["sequential", "prefetch"])
+def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Path, prefetch: int):
     make_docs(db_uri, 400)
     uri = open_table(db_uri).to_lance().uri
     run(db_uri, gpu_function(table="docs", column="shout")(shout))  # version 1 everywhere
@@ -242,7 +244,7 @@ def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Pa
     log = tmp_path / "calls.log"
     script = tmp_path / "refresh.py"
     script.write_text(KILLABLE % "release-2")
-    process = subprocess.Popen([sys.executable, str(script), uri, str(log), "0.002"])
+    process = subprocess.Popen([sys.executable, str(script), uri, str(log), "0.002", str(prefetch)])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 130):
         time.sleep(0.01)
@@ -256,10 +258,11 @@ def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Pa
     assert all(not v.endswith("@v2") for v in values(db_uri).values())
 
     log.unlink()
-    subprocess.run([sys.executable, str(script), uri, str(log), "0"], check=True)
+    subprocess.run([sys.executable, str(script), uri, str(log), "0", str(prefetch)], check=True)
     recomputed = len(log.read_text().splitlines())
-    # At most the batch in flight (25 rows) is computed twice.
-    assert recomputed <= 400 - done_before_kill + 25
+    # At most the batches computed and not yet checkpointed (25 rows each: the one in flight, and
+    # with prefetch those the model finished while the writer had not yet caught up) run twice.
+    assert recomputed <= 400 - done_before_kill + 25 * (prefetch + 1)
     assert set(values(db_uri).values()) == {f"DOC {i}@v2" for i in range(400)}
     assert lance.dataset(uri).validate() is None
     assert not (Path(uri) / "_gpufn" / "checkpoints").exists() or not any((Path(uri) / "_gpufn" / "checkpoints").iterdir())

@@ -1,0 +1,90 @@
+"""What the run log shows while a refresh runs: the Function loading, then rows, rate and time left,
+reported from a thread of its own so a long call or a slow load never silences it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    """What the run log shows during a long refresh: loading the Function, then the rows.
+
+    The rate and the time left are those of computing alone: the clock starts when this attempt's
+    rows start and stops while the Function loads (a model can take longer than the rows), so the
+    first estimate is not skewed by the load.
+
+    >>> p = Progress(rows_to_scan=1000, started=0.0)
+    >>> p.rows_scanned, p.rows_computed = 250, 200
+    >>> p.line(now=10.0)
+    '250/1,000 rows checked, 200 computed, 0 failed, 25 rows/s, 30s left'
+    >>> p.loading_since = 10.0
+    >>> p.line(now=14.0)
+    'loading the Function: 4s so far (250/1,000 rows checked)'
+    """
+
+    rows_scanned: int = 0
+    rows_to_scan: int = 0
+    rows_computed: int = 0
+    rows_failed: int = 0
+    started: float = field(default_factory=time.monotonic)
+    load_seconds: float = 0.0  # spent constructing the Function's callable (loading a model)
+    loading_since: float | None = None  # set while it loads
+    busy_seconds: float = 0.0  # spent inside the Function (its calls on rows, not its loading)
+    first_values_at: float | None = None  # when the first computed values came back (kept across attempts)
+
+    def restart(self, rows_to_scan: int) -> None:
+        """A new attempt (after a commit race) counts from zero: the final numbers are its own."""
+        self.rows_scanned = self.rows_computed = self.rows_failed = 0
+        self.rows_to_scan, self.started, self.load_seconds, self.busy_seconds = rows_to_scan, time.monotonic(), 0.0, 0.0
+
+    def computing_seconds(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        loading = now - self.loading_since if self.loading_since is not None else 0.0
+        return max(now - self.started - self.load_seconds - loading, 0.0)
+
+    def rate(self, now: float | None = None) -> float:
+        seconds = self.computing_seconds(now)
+        return self.rows_scanned / seconds if seconds > 0 else 0.0
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        rate = self.rate(now)
+        return (self.rows_to_scan - self.rows_scanned) / rate if rate > 0 else None
+
+    def line(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        checked = f"{self.rows_scanned:,}/{self.rows_to_scan:,} rows checked"
+        if self.loading_since is not None:
+            return f"loading the Function: {now - self.loading_since:.0f}s so far ({checked})"
+        left = self.seconds_left(now)
+        eta = f"{left:.0f}s left" if left is not None else "time left unknown"
+        loaded = f" (Function loaded in {self.load_seconds:.1f}s)" if self.load_seconds else ""
+        return (f"{checked}, {self.rows_computed:,} computed, {self.rows_failed:,} failed, "
+                f"{self.rate(now):,.0f} rows/s, {eta}{loaded}")
+
+
+class Ticker:
+    """Reports the progress every `every` seconds from its own thread, however long one batch or
+    the Function's loading takes (and once more when it stops)."""
+
+    def __init__(self, report: Callable[[Progress], None] | None, progress: Progress, every: float):
+        self.report, self.progress, self.every = report, progress, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufn-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.report(self.progress)
+
+    def __enter__(self) -> Ticker:
+        if self.report is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()

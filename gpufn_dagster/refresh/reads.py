@@ -1,0 +1,90 @@
+"""Reading a fragment for the model: in windows that yield their first rows at once, cut into calls.
+
+One Lance scan of a whole fragment decodes much of it before its first batch (a quarter of a
+second for 256 MB), while the model waits; a window (`offset`/`limit`, counted in live rows)
+yields its first batch at once. Windows grow 4x at a time up to READ_WINDOW_BYTES of data, so
+narrow rows still come in a few large scans and a wide row's window never stalls the model for
+long. Reads are READ_ROWS rows (small reads cost more than their rows), and calls are slices of
+them, joined where a call spans reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from ..errors import RefreshStopped
+
+ADDRESS = "_rowaddr"
+READ_ROWS = 1024  # rows read at once (or the first call's size when larger)
+READ_WINDOW_BYTES = 16 << 20  # the most data one scan window covers
+
+
+def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: int,
+                 stop: threading.Event) -> Iterator[pa.RecordBatch]:
+    """The fragment's live rows with their row addresses, in reads of `read_rows`, window by window;
+    raises RefreshStopped once `stop` is set."""
+    window, offset = read_rows, 0
+    while True:
+        got = nbytes = 0
+        for batch in fragment.scanner(columns=columns, batch_size=read_rows, with_row_address=True,
+                                      offset=offset, limit=window).to_batches():
+            if stop.is_set():
+                raise RefreshStopped
+            got += batch.num_rows
+            nbytes += batch.nbytes
+            yield batch
+        if got < window:
+            return
+        offset += got
+        window = max(read_rows, min(window * 4, int(READ_WINDOW_BYTES * got / max(nbytes, 1))))
+
+
+def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], resume_at: int,
+              skipped: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+    """The rows from physical offset `resume_at` on, in calls of `call_rows()` rows (asked anew for
+    each call); `skipped` is told how many rows before `resume_at` were passed over."""
+    buffered: deque[pa.RecordBatch] = deque()
+    rows = 0
+    for batch in reads:
+        if resume_at and batch.num_rows:
+            offsets = batch.column(ADDRESS).to_numpy() & 0xFFFFFFFF
+            passed = int(np.searchsorted(offsets, resume_at))
+            skipped(passed)
+            batch = batch.slice(passed)
+            if passed < len(offsets):
+                resume_at = 0
+        if not batch.num_rows:
+            continue
+        buffered.append(batch)
+        rows += batch.num_rows
+        while rows >= call_rows():
+            call = _take(buffered, call_rows())
+            rows -= call.num_rows
+            yield call
+    if rows:
+        yield _take(buffered, rows)
+
+
+def _take(buffered: deque[pa.RecordBatch], rows: int) -> pa.RecordBatch:
+    """The first `rows` rows of the buffered batches, removed from it (slices: no copy unless spanning).
+
+    >>> from collections import deque
+    >>> buffered = deque([pa.record_batch({"x": [1, 2, 3]}), pa.record_batch({"x": [4, 5]})])
+    >>> _take(buffered, 4).column("x").to_pylist(), [b.num_rows for b in buffered]
+    ([1, 2, 3, 4], [1])
+    """
+    parts = []
+    while rows:
+        head = buffered.popleft()
+        if head.num_rows > rows:
+            buffered.appendleft(head.slice(rows))
+            head = head.slice(0, rows)
+        parts.append(head)
+        rows -= head.num_rows
+    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)

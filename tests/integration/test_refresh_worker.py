@@ -1,0 +1,200 @@
+"""The GPU worker's pipeline on real Lance tables: out-of-memory batches split instead of failing,
+reading ahead never changes what is written, batches grow from a small probe (or stay pinned),
+a failing fragment stops the others, and a materialization says what the worker did."""
+
+from __future__ import annotations
+
+import time
+
+import lance
+import lancedb
+import pyarrow as pa
+import pytest
+
+from gpufn_dagster import gpu_function, make_function, refresh_column
+from gpufn_dagster.errors import FunctionFailed
+from gpufn_dagster.resources import STABLE_ROW_IDS
+
+from .test_refresh import make_docs, metadata, open_table, run, values
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's `torch.cuda.OutOfMemoryError`, which is what the engine recognizes."""
+
+
+class SmallGpu:
+    """A model that runs out of device memory on more than `fits` rows at once, as a GPU would."""
+
+    fits = 40
+    calls: list[tuple[int, bool]] = []  # (rows, ran out of memory)
+
+    def __call__(self, text: pa.Array) -> pa.Array:
+        too_big = len(text) > self.fits
+        SmallGpu.calls.append((len(text), too_big))
+        if too_big:
+            raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {len(text)} rows")
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+
+def uri_of(db_uri: str) -> str:
+    return open_table(db_uri).to_lance().uri
+
+
+def test_out_of_memory_splits_the_batch_and_every_row_is_filled(db_uri):
+    make_docs(db_uri, 300)
+    SmallGpu.calls = []
+    result = run(db_uri, gpu_function(table="docs", column="shout", output_type=pa.string(), batch_size=64)(SmallGpu))
+    assert result.success
+    assert values(db_uri) == {i: f"DOC {i}" for i in range(300)}
+    found = metadata(result)
+    ran_out = sum(1 for _, oom in SmallGpu.calls if oom)
+    assert ran_out >= 1 and found["oom_splits"] == ran_out
+    assert found["batch_rows_that_fit"] <= SmallGpu.fits and found["rows_failed"] == 0
+    # Later batches stay at the size that fit: after the first split nothing too big is tried again.
+    first = next(i for i, (_, oom) in enumerate(SmallGpu.calls) if oom)
+    assert all(rows <= found["batch_rows_that_fit"] for rows, _ in SmallGpu.calls[first + 1:])
+    assert sum(rows for rows, oom in SmallGpu.calls if not oom) == 300  # each row computed once
+
+
+def test_an_error_the_function_declares_as_out_of_memory_splits_too(db_uri):
+    make_docs(db_uri, 100)
+    sizes: list[int] = []
+
+    class DeviceFull(Exception):
+        pass
+
+    def shout(text: pa.Array) -> pa.Array:
+        sizes.append(len(text))
+        if len(text) > 10:
+            raise DeviceFull("no room")
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    shout.oom_errors = (DeviceFull,)
+    result = refresh_column(uri_of(db_uri), make_function(shout, table="docs", column="shout",
+                                                          output_type=pa.string(), batch_size=32))
+    assert result.rows_computed == 100 and result.rows_failed == 0 and result.oom_splits >= 2
+    assert result.batch_rows_that_fit == 8  # 32 -> 16 -> 8
+    assert values(db_uri)[99] == "DOC 99"
+
+
+def test_a_single_row_that_never_fits_fails_alone_under_skip_and_is_named_under_fail(db_uri):
+    make_docs(db_uri, 50)
+
+    def huge_doc_7(text: pa.Array) -> pa.Array:
+        if "doc 7" in text.to_pylist():
+            raise OutOfMemoryError("CUDA out of memory")
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    skip = make_function(huge_doc_7, table="docs", column="shout", output_type=pa.string(), batch_size=16,
+                         on_error="skip")
+    result = refresh_column(uri_of(db_uri), skip)
+    assert result.rows_failed == 1 and result.rows_computed == 50
+    (error,) = result.errors
+    assert "ran out of device memory on a single row" in error.error and error.row_address == 7
+    assert values(db_uri)[7] is None and values(db_uri)[8] == "DOC 8"
+
+    fail = make_function(huge_doc_7, table="docs", column="shout2", output_type=pa.string(), batch_size=16)
+    with pytest.raises(FunctionFailed, match=r"ran out of device memory on a single row \(address 7\)"):
+        refresh_column(uri_of(db_uri), fail)
+
+
+def _fragmented_docs(db_uri: str, name: str) -> str:
+    """Five fragments of 120 rows, one row in each 37 changed since: fresh work and stale work alike."""
+    db = lancedb.connect(db_uri)
+    table = None
+    for part in range(5):
+        rows = range(part * 120, (part + 1) * 120)
+        data = pa.table({"id": list(rows), "text": [f"doc {i}" for i in rows]})
+        table = db.create_table(name, data, storage_options=STABLE_ROW_IDS) if table is None else table
+        if part:
+            table.add(data)
+    return table.to_lance().uri
+
+
+def flaky_upper(text: pa.Array) -> pa.Array:
+    items = text.to_pylist()
+    if any(t.endswith("3") for t in items):
+        raise ValueError("three")
+    return pa.array([t.upper() for t in items])
+
+
+def test_reading_ahead_writes_exactly_what_the_sequential_path_writes(db_uri):
+    columns = {}
+    for prefetch in (0, 2):
+        uri = _fragmented_docs(db_uri, f"docs_{prefetch}")
+        function = make_function(flaky_upper, table=f"docs_{prefetch}", column="shout", output_type=pa.string(),
+                                 batch_size=16, on_error="skip")
+        first = refresh_column(uri, function, prefetch=prefetch)
+        lance.dataset(uri).update({"text": "'changed ' || text"}, where="id % 37 = 0")
+        second = refresh_column(uri, function, prefetch=prefetch)
+        table = lance.dataset(uri).to_table(columns=["id", "shout", "_gpufn_sig_shout"]).sort_by("id")
+        columns[prefetch] = (table.to_pydict(), [sorted(e.row_address for e in r.errors) for r in (first, second)],
+                             [(r.rows_computed, r.rows_failed, r.fragments_rewritten) for r in (first, second)])
+    assert columns[0] == columns[2]
+    data, errors, counts = columns[2]
+    stale = {i for i in range(600) if i % 37 == 0} | {i for i in range(600) if i % 10 == 3}  # changed or failed
+    assert counts[0] == (600, 60, 5) and counts[1][:2] == (len(stale), 60)
+    assert data["shout"][1] == "DOC 1" and data["shout"][3] is None and data["shout"][37] == "CHANGED DOC 37"
+
+
+def test_batches_grow_from_the_probe_toward_the_target_and_a_pinned_size_stays(db_uri):
+    make_docs(db_uri, 3000)
+    sizes: list[int] = []
+
+    def per_call_cost(text: pa.Array) -> pa.Array:
+        sizes.append(len(text))
+        time.sleep(0.02)  # a fixed cost per call, like a kernel launch: bigger calls are cheaper per row
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    adaptive = make_function(per_call_cost, table="docs", column="shout", output_type=pa.string(), batch_size=16,
+                             max_batch_size=512)
+    result = refresh_column(uri_of(db_uri), adaptive)
+    assert sizes[0] == 16 and max(sizes) == 512 == result.batch_rows_largest
+    for i in range(1, len(sizes)):  # grown by at most 4x a step (rounded up to whole 16-row reads)
+        assert sizes[i] <= 4 * max(sizes[:i]) + 15, sizes
+    assert len(sizes) < 3000 / 16 / 2  # far fewer calls than at the probe's size
+
+    sizes.clear()
+    pinned = make_function(per_call_cost, table="docs", column="shout2", output_type=pa.string(), batch_size=16,
+                           adapt_batch_size=False)
+    result = refresh_column(uri_of(db_uri), pinned)
+    assert set(sizes[:-1]) == {16} and result.batch_rows_largest == 16
+    assert sum(sizes) == 3000
+
+
+def test_a_failing_fragment_stops_the_others_instead_of_computing_on(db_uri):
+    uri = _fragmented_docs(db_uri, "docs")
+    computed: list[str] = []
+
+    def slow_then_fails(text: pa.Array) -> pa.Array:
+        items = text.to_pylist()
+        computed.extend(items)
+        if "doc 20" in items:
+            raise ValueError("doc 20 is broken")
+        time.sleep(0.05)
+        return pa.array([t.upper() for t in items])
+
+    function = make_function(slow_then_fails, table="docs", column="shout", output_type=pa.string(), batch_size=10,
+                             adapt_batch_size=False)
+    with pytest.raises(FunctionFailed, match="doc 20 is broken"):
+        refresh_column(uri, function, concurrency=2)
+    # Of 600 rows: the first fragment failed at its third batch, the second one stopped within a few
+    # batches (it would have computed all its 120 rows), the last three never started.
+    assert len(computed) < 100, len(computed)
+    assert lance.dataset(uri).to_table(columns=["shout"]).column("shout").null_count == 600
+
+
+def test_the_materialization_says_when_values_came_and_how_busy_the_function_was(db_uri):
+    make_docs(db_uri, 400)
+
+    def sleepy(text: pa.Array) -> pa.Array:
+        time.sleep(0.05)
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    result = run(db_uri, gpu_function(table="docs", column="shout", output_type=pa.string(),
+                                      batch_size=32)(sleepy))
+    found = metadata(result)
+    assert 0 < found["first_values_seconds"] < found["wall_seconds"]
+    assert 0.5 < found["busy_fraction"] <= 1.0  # the Function's sleep, not reading, filled the time
+    assert found["batch_rows_largest"] >= 32 and "oom_splits" not in found
+    assert "gpu_utilization_mean_percent" not in found  # no NVIDIA driver here: no GPU figures, no error
