@@ -16,7 +16,7 @@ _EXPORTS = {
     "RefreshResult": "refresh.engine", "TableNotFound": "errors", "build_definitions": "definitions",
     "function_asset": "assets", "function_of": "assets", "gpu_function": "assets", "list_gpu_classes": "classes",
     "load_gpu_classes": "classes", "make_function": "functions", "materialized_view_asset": "views",
-    "refresh_column": "refresh.engine",
+    "refresh_column": "refresh.engine", "gpu_classes_executor": "run.executor",
 }
 __all__ = sorted(_EXPORTS)
 

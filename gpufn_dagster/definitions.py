@@ -26,6 +26,7 @@ from .functions import Function
 from .refresh.columns import is_function_column
 from .refresh.signature import unsupported_reason
 from .resources import LanceDBResource, default_db_uri
+from .run.executor import gpu_classes_executor
 from .tags import READS_METADATA_KEY
 
 
@@ -128,9 +129,11 @@ def build_definitions(
         db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`).
         schedules, sensors, jobs, asset_checks: passed to `dagster.Definitions` as they are.
         resources: more resources; `lancedb` is added.
-        executor: the executor of the definitions' jobs (default Dagster's, one process per step).
-            On Kubernetes pass `dagster_k8s.k8s_job_executor` to run each GPU step in its own pod
-            on its own class: a Materialize all that mixes GPU classes then runs.
+        executor: the executor of the definitions' jobs (default `gpu_classes_executor`: each step
+            in a process of the run worker, as Dagster's default does, except that on Kubernetes a
+            run mixing GPU classes runs each step in its own pod on its class). Pass
+            `dagster_k8s.k8s_job_executor` for step pods always, or `dagster.multiprocess_executor`
+            for never (a run mixing classes is then refused on Kubernetes).
     """
     uri = db_uri or default_db_uri()
     check_tables(assets, uri)
@@ -141,5 +144,5 @@ def build_definitions(
         sensors=list(sensors),
         jobs=list(jobs),
         resources={"lancedb": LanceDBResource(uri=uri), **(resources or {})},
-        executor=executor,
+        executor=executor if executor is not None else gpu_classes_executor,
     )

@@ -113,9 +113,12 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         """Tags and an event on the run saying where its GPU work goes, before its Job exists."""
         if plan.kind is RunKind.PER_STEP:
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: RunKind.PER_STEP.value})
+            mixed = (f" (the run mixes GPU classes {', '.join(plan.classes)}, which one worker pod cannot serve)"
+                     if len(plan.classes) > 1 else "")
             self._instance.report_engine_event(
-                "GPU placement per step: the run worker is a CPU pod; k8s_job_executor places each GPU step's pod "
-                "on its class's node pool", run, cls=self.__class__)
+                f"GPU placement per step{mixed}: the run worker is a CPU pod; k8s_job_executor places each GPU "
+                f"step's pod on its class's node pool", run,
+                EngineEventData({"GPU classes": ", ".join(plan.classes)}), cls=self.__class__)
             return
         placement: Placement = plan.placement
         gpu_class = placement.gpu_class

@@ -63,9 +63,10 @@ def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClas
         listed = ", ".join(f"{name} ({count} GPU)" for name, count in sorted(requests.items()))
         raise PlacementError(
             f"this run selects GPU Functions of {len(requests)} GPU classes: {listed}. One run worker cannot run "
-            "on two node pools. Run each GPU step in its own pod on its own class: build the definitions with "
-            "dagster_k8s's k8s_job_executor (build_definitions(..., executor=k8s_job_executor)); or materialize each "
-            "class's Functions in its own run")
+            "on two node pools, and this job's executor runs every step in the run worker. Run each GPU step in "
+            "its own pod on its own class: use gpufn's executor (build_definitions' default, gpu_classes_executor) "
+            "or dagster_k8s's k8s_job_executor (build_definitions(..., executor=k8s_job_executor)); or materialize "
+            "each class's Functions in its own run")
     (name, count), = requests.items()
     if name not in classes:
         raise PlacementError(f"unknown GPU class {name!r}; configured classes: {', '.join(sorted(classes))}")

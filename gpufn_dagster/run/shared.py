@@ -45,18 +45,40 @@ def run_step_tags(instance: DagsterInstance, run: DagsterRun) -> list[dict[str, 
             if not selected or key in selected]
 
 
+# The config field of gpufn's executor (`run.executor`): it names that executor to the launcher,
+# which sees a job's executor only through its config schema.
+STEP_PODS_FIELD = "gpu_step_pods"
+
+
+class StepPods(enum.Enum):
+    """When a job's executor runs steps in their own pods."""
+
+    NEVER = "never"  # Dagster's default and other executors: every step in the run worker
+    ALWAYS = "always"  # dagster-k8s's k8s_job_executor
+    WHEN_CLASSES_MIX = "when-classes-mix"  # gpufn's executor
+
+
 @functools.lru_cache(maxsize=256)
-def _job_launches_step_pods(instance: DagsterInstance, job_snapshot_id: str) -> bool:
-    # k8s_job_executor's config schema is the only one with per_step_k8s_config; the job snapshot
-    # (content-addressed) records the executor's schema, nothing else names the executor.
+def _job_step_pods(instance: DagsterInstance, job_snapshot_id: str) -> StepPods:
+    # The job snapshot (content-addressed) records the executor's config schema, and nothing else
+    # names the executor: k8s_job_executor's is the only one with per_step_k8s_config, gpufn's the
+    # only one with STEP_PODS_FIELD.
     snapshot = instance.get_job_snapshot(job_snapshot_id)
-    return any("per_step_k8s_config" in {f.name for f in (config.fields or [])}
-               for config in snapshot.config_schema_snapshot.all_config_snaps_by_key.values())
+    names = {f.name for config in snapshot.config_schema_snapshot.all_config_snaps_by_key.values()
+             for f in (config.fields or [])}
+    if "per_step_k8s_config" in names:
+        return StepPods.ALWAYS
+    return StepPods.WHEN_CLASSES_MIX if STEP_PODS_FIELD in names else StepPods.NEVER
 
 
 def uses_step_pods(instance: DagsterInstance, run: DagsterRun) -> bool:
-    """Whether the run's steps run in their own pods (k8s_job_executor), each placed by its op tags."""
-    return bool(run.job_snapshot_id) and _job_launches_step_pods(instance, run.job_snapshot_id)
+    """Whether the run's steps run in their own pods, each placed by its op tags: always under
+    k8s_job_executor, under gpufn's executor when the run mixes GPU classes."""
+    if not run.job_snapshot_id:
+        return False
+    mode = _job_step_pods(instance, run.job_snapshot_id)
+    return mode is StepPods.ALWAYS or (
+        mode is StepPods.WHEN_CLASSES_MIX and len(gpu_requests(run_step_tags(instance, run))) > 1)
 
 
 class RunKind(enum.Enum):
@@ -75,6 +97,7 @@ class RunPlan:
 
     kind: RunKind
     placement: Placement | None = None
+    classes: tuple[str, ...] = ()  # per step: the GPU classes its step pods go to
 
 
 def class_placements(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> dict[str, Placement]:
@@ -94,7 +117,8 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
     pods, one worker runs every step, so all must share one class.
     """
     if step_pods:
-        return RunPlan(RunKind.PER_STEP) if class_placements(instance, run, classes_dir) else RunPlan(RunKind.CPU)
+        classes = tuple(sorted(class_placements(instance, run, classes_dir)))
+        return RunPlan(RunKind.PER_STEP, classes=classes) if classes else RunPlan(RunKind.CPU)
     requests = gpu_requests(run_step_tags(instance, run))
     if not requests:
         return RunPlan(RunKind.CPU)

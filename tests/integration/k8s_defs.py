@@ -7,7 +7,7 @@ import dagster as dg
 import pyarrow as pa
 from dagster_k8s import k8s_job_executor
 
-from gpufn_dagster import LanceDBResource, gpu_function
+from gpufn_dagster import LanceDBResource, gpu_classes_executor, gpu_function
 
 
 @dg.asset
@@ -37,6 +37,9 @@ def words(text: str) -> int:
 
 per_step = dg.define_asset_job("per_step", selection=["frames__emb_a100", "frames__emb_l4", "frames__words"],
                                executor_def=k8s_job_executor)
+# gpufn's executor (build_definitions' default): step pods only for a run that mixes GPU classes.
+auto = dg.define_asset_job("auto", selection=["frames__emb_a100", "frames__emb_l4", "frames__words"],
+                           executor_def=gpu_classes_executor)
 
-defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words], jobs=[per_step],
+defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words], jobs=[per_step, auto],
                       resources={"lancedb": LanceDBResource(uri="/nonexistent")})

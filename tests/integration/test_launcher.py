@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import kubernetes
 import pytest
 import yaml
@@ -228,6 +229,44 @@ def test_too_many_gpus_for_the_class_fails_the_run(cluster, namespace, instance,
     assert jobs(cluster, namespace) == []
 
 
+def mixed_run_on_a_cpu_worker(cluster, namespace: str, instance: DagsterInstance, job: str):
+    """Materialize two GPU classes and a CPU Function through `job`: placed per step, its worker a CPU pod."""
+    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4", "frames__words", job=job)
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step" and "gpufn/gpu-class" not in run.tags
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+    return run
+
+
+def test_gpufn_executor_runs_a_run_mixing_classes_per_step_and_says_why(cluster, namespace, instance):
+    # build_definitions' default executor: Materialize all over two classes and a CPU Function runs.
+    run = mixed_run_on_a_cpu_worker(cluster, namespace, instance, job="auto")
+    events = [e.message for e in instance.all_logs(run.run_id) if e.is_dagster_event and e.message]
+    assert any("GPU placement per step (the run mixes GPU classes a100-80gb, l4, which one worker pod cannot serve)"
+               in m for m in events), events
+    # In the run worker, the executor sends a run placed per step to k8s_job_executor.
+    from gpufn_dagster.run.executor import placed_per_step, step_pods_config
+
+    assert placed_per_step(run.tags)
+    config = step_pods_config({"retries": {"enabled": {}}, "max_concurrent": 3,
+                               "gpu_step_pods": {"job_image": "my/image:1"}})
+    assert config["job_image"] == "my/image:1" and config["max_concurrent"] == 3
+    with pytest.raises(dg.DagsterInvalidConfigError, match="execution.config.gpu_step_pods"):
+        step_pods_config({"retries": {"enabled": {}}, "gpu_step_pods": {"job_imag": "typo"}})
+
+
+def test_gpufn_executor_keeps_a_one_class_run_on_its_gpu_worker(cluster, namespace, instance):
+    run_id = materialize(instance, "frames__emb_l4", "frames__words", job="auto")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "gpu" and run.tags["gpufn/gpu-class"] == "l4"
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "l4" and pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    from gpufn_dagster.run.executor import placed_per_step
+
+    assert not placed_per_step(run.tags)
+
+
 def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster, namespace, instance):
     from types import SimpleNamespace
 
@@ -235,11 +274,7 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
     from dagster_k8s.job import construct_dagster_k8s_job
 
     # Two classes in one run are fine when each step has its own pod; the run worker is a CPU pod.
-    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4", "frames__words", job="per_step")
-    run = instance.get_run_by_id(run_id)
-    assert run.tags["gpufn/placement"] == "per-step" and "gpufn/gpu-class" not in run.tags
-    pod, node = job_pod(cluster, namespace, run_id)
-    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+    run = mixed_run_on_a_cpu_worker(cluster, namespace, instance, job="per_step")
 
     # Each step's pod, configured by dagster-k8s's own step handler from the step's op tags.
     from dagster_k8s.container_context import K8sContainerContext
@@ -262,7 +297,7 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
                                                             run_launcher=instance.run_launcher),
             args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
             user_defined_k8s_config=container_context.run_k8s_config,
-            labels={"dagster/run-id": run_id, "step": job_name})
+            labels={"dagster/run-id": run.run_id, "step": job_name})
         batch.create_namespaced_job(namespace, job)
         step_pod = wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
                             what=f"{job_name} pod")[0]

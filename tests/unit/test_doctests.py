@@ -14,7 +14,7 @@ MODULES = [
     "gpufn_dagster.refresh.execute", "gpufn_dagster.refresh.gpu_stats",
     "gpufn_dagster.refresh.progress", "gpufn_dagster.refresh.reads",
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
-    "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
+    "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
     "gpufn_dagster.views",
 ]
 

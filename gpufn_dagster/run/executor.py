@@ -1,0 +1,111 @@
+"""The executor of gpufn's definitions: a run mixing GPU classes on Kubernetes runs each step in its own pod.
+
+One run worker pod sits on one node pool, so on Kubernetes a Materialize all over Functions of
+several GPU classes cannot run its steps in the worker's processes. With this executor (the
+default of `build_definitions`) the Kubernetes launcher places such a run per step -- the worker
+a CPU pod, each GPU step a pod of dagster-k8s's `k8s_job_executor` on its class's node pool -- and
+tags it `gpufn/placement=per-step`; the executor reads that tag in the run worker and hands the
+steps to `k8s_job_executor`. Every other run (one class, CPU only, and every run of the embedded
+mode) runs its steps in processes of the worker, as Dagster's default executor does.
+
+The step pods' own settings (`job_image`, `step_k8s_config`, ...: what `k8s_job_executor` takes)
+go under `gpu_step_pods` in the run config's `execution.config`; they are checked against
+`k8s_job_executor`'s schema only when a run uses step pods, so the embedded mode never imports
+the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import dagster as dg
+from dagster._config import process_config
+from dagster._core.definitions.executor_definition import (get_retries_config, get_tag_concurrency_limits_config,
+                                                           multiple_process_executor_requirements)
+from dagster._core.execution.retries import RetryMode
+from dagster._core.executor.base import Executor
+from dagster._core.executor.init import InitExecutorContext
+from dagster._core.executor.multiprocess import MultiprocessExecutor
+
+from ..tags import PLACEMENT_TAG
+from .shared import STEP_PODS_FIELD, RunKind
+
+
+def placed_per_step(run_tags: Mapping[str, str]) -> bool:
+    """Whether the launcher placed the run per step, so its steps go to their own pods.
+
+    >>> placed_per_step({"gpufn/placement": "per-step"}), placed_per_step({"gpufn/placement": "local"})
+    (True, False)
+    """
+    return run_tags.get(PLACEMENT_TAG) == RunKind.PER_STEP.value
+
+
+def step_pods_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`k8s_job_executor`'s config for the step pods: the `gpu_step_pods` settings, plus the
+    retries and concurrency limits this executor was given, checked against its schema."""
+    from dagster_k8s import k8s_job_executor
+
+    raw = {**config.get(STEP_PODS_FIELD, {}), "retries": config["retries"]}
+    for key in ("max_concurrent", "tag_concurrency_limits"):
+        if config.get(key) is not None:
+            raw[key] = config[key]
+    result = process_config(k8s_job_executor.config_schema.config_type, raw)
+    if not result.success:
+        problems = "; ".join(error.message for error in result.errors or [])
+        raise dg.DagsterInvalidConfigError(f"execution.config.{STEP_PODS_FIELD}: {problems}", result.errors, raw)
+    return dict(result.value or {})
+
+
+class GpuClassesExecutor(Executor):
+    """Steps in the worker's processes, or in their own pods for a run placed per step."""
+
+    def __init__(self, init_context: InitExecutorContext):
+        self._init_context = init_context
+        config = init_context.executor_config
+        self._local = MultiprocessExecutor(retries=RetryMode.from_config(config["retries"]),
+                                           max_concurrent=config.get("max_concurrent"),
+                                           tag_concurrency_limits=config.get("tag_concurrency_limits"))
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._local.retries
+
+    def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
+        if not placed_per_step(plan_context.dagster_run.tags):
+            yield from self._local.execute(plan_context, execution_plan)
+            return
+        from dagster_k8s import k8s_job_executor
+
+        init = self._init_context
+        pods = k8s_job_executor.executor_creation_fn(InitExecutorContext(
+            job=init.job, executor_def=k8s_job_executor, executor_config=step_pods_config(init.executor_config),
+            instance=init.instance))
+        yield from pods.execute(plan_context, execution_plan)
+
+
+@dg.executor(
+    name="gpufn",
+    config_schema={
+        "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, description=(
+            "Steps at once: processes of the run worker (default: its CPU count), or step pods.")),
+        "tag_concurrency_limits": get_tag_concurrency_limits_config(),
+        "retries": get_retries_config(),
+        STEP_PODS_FIELD: dg.Field(dg.Permissive(), default_value={}, description=(
+            "For a run that mixes GPU classes on Kubernetes: dagster_k8s k8s_job_executor's config of its "
+            "step pods (job_image, step_k8s_config, ...).")),
+    },
+    requirements=multiple_process_executor_requirements(),
+)
+def gpu_classes_executor(init_context: InitExecutorContext) -> Executor:
+    """The default executor of `build_definitions`: a run mixing GPU classes on Kubernetes runs
+    each step in its own pod on its class; every other run runs its steps in the worker's processes.
+
+    Example:
+        >>> from gpufn_dagster import build_definitions
+        >>> import tempfile
+        >>> defs = build_definitions(assets=[], db_uri=tempfile.mkdtemp())
+        >>> defs.executor.name
+        'gpufn'
+    """
+    return GpuClassesExecutor(init_context)
