@@ -98,12 +98,12 @@ def test_a_single_row_that_never_fits_fails_alone_under_skip_and_is_named_under_
         refresh_column(uri_of(db_uri), fail)
 
 
-def _fragmented_docs(db_uri: str, name: str) -> str:
-    """Five fragments of 120 rows, one row in each 37 changed since: fresh work and stale work alike."""
+def _fragmented_docs(db_uri: str, name: str, rows_each: int = 120) -> str:
+    """A table of five fragments of `rows_each` rows (ids in order)."""
     db = lancedb.connect(db_uri)
     table = None
     for part in range(5):
-        rows = range(part * 120, (part + 1) * 120)
+        rows = range(part * rows_each, (part + 1) * rows_each)
         data = pa.table({"id": list(rows), "text": [f"doc {i}" for i in rows]})
         table = db.create_table(name, data, storage_options=STABLE_ROW_IDS) if table is None else table
         if part:
@@ -163,7 +163,7 @@ def test_batches_grow_from_the_probe_toward_the_target_and_a_pinned_size_stays(d
 
 
 def test_a_failing_fragment_stops_the_others_instead_of_computing_on(db_uri):
-    uri = _fragmented_docs(db_uri, "docs")
+    uri = _fragmented_docs(db_uri, "docs", rows_each=300)
     computed: list[str] = []
 
     def slow_then_fails(text: pa.Array) -> pa.Array:
@@ -178,17 +178,20 @@ def test_a_failing_fragment_stops_the_others_instead_of_computing_on(db_uri):
                              adapt_batch_size=False)
     with pytest.raises(FunctionFailed, match="doc 20 is broken"):
         refresh_column(uri, function, concurrency=2)
-    # Of 600 rows: the first fragment failed at its third batch, the second one stopped within a few
-    # batches (it would have computed all its 120 rows), the last three never started.
-    assert len(computed) < 100, len(computed)
-    assert lance.dataset(uri).to_table(columns=["shout"]).column("shout").null_count == 600
+    # The first fragment failed at its third call. The second one, computing beside it, stopped
+    # within the calls it had staged ahead (it would have computed all its 300 rows); the last three
+    # were never started (or stopped at once if one began as the first fragment's thread came free).
+    second = [t for t in computed if 300 <= int(t.split()[1]) < 600]
+    assert len(second) < 200, len(second)
+    assert len(computed) < 300, len(computed)
+    assert lance.dataset(uri).to_table(columns=["shout"]).column("shout").null_count == 1500
 
 
 def test_the_materialization_says_when_values_came_and_how_busy_the_function_was(db_uri):
     make_docs(db_uri, 400)
 
     def sleepy(text: pa.Array) -> pa.Array:
-        time.sleep(0.05)
+        time.sleep(0.2)  # long beside the reading, so the fraction is clear even on a loaded machine
         return pa.array([t.upper() for t in text.to_pylist()])
 
     result = run(db_uri, gpu_function(table="docs", column="shout", output_type=pa.string(),
