@@ -43,7 +43,7 @@ class BatchSizer:
     """
 
     start: int
-    maximum: int
+    maximum: int  # at least `start` (make_function resolves max_batch_size so)
     adapt: bool = True
     target_seconds: float = TARGET_SECONDS
     rows: int = field(init=False)
@@ -58,7 +58,7 @@ class BatchSizer:
         if self.adapt and rows > 0 and seconds > 0:
             ideal = rows / seconds * self.target_seconds
             wanted = int(min(max(ideal, self.rows / GROWTH), self.rows * GROWTH))
-            wanted = min(max(wanted, self.start), max(self.maximum, self.start))
+            wanted = min(max(wanted, self.start), self.maximum)
         if fits is not None:
             wanted = min(wanted, fits)
         self.rows = max(wanted, 1)

@@ -28,7 +28,7 @@ class CheckpointStore:
         self.dir = self.root / function_version
 
     def _fragment_dir(self, work: FragmentWork) -> Path:
-        return self.dir / f"{work.fragment_id}-{work.state_key}"
+        return self.dir / f"{work.fragment_id}-{work.content_key}"
 
     @staticmethod
     def _atomic_write(path: Path, write) -> None:

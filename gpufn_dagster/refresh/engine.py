@@ -218,6 +218,11 @@ class _Staged:
     retried: np.ndarray  # rows stored as FAILED by an earlier refresh
     values: Future[tuple[pa.Array, list[RowError]]] | None
 
+    @property
+    def end(self) -> int:
+        """The physical offset after its last row: where the next batch's output starts."""
+        return int(self.offsets[-1]) + 1
+
 
 def _stage(attempt: _Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _Staged:
     """Hash a scanned batch and hand its stale rows to the model: current rows keep their values.
@@ -347,7 +352,7 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
         aligned = align_to_physical(out, ready.offsets, ready.start, attempt.out_schema)
         writer.write(aligned)
         total.add(outcome)
-        pending.add(aligned, outcome, int(ready.offsets[-1]) + 1)
+        pending.add(aligned, outcome, ready.end)
         attempt.advance(ready.batch.num_rows, outcome)
 
     fragment = attempt.dataset.get_fragment(item.fragment_id)
@@ -357,7 +362,7 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
     for batch in cut_calls(reads, lambda: attempt.sizer.rows, resume_at,
                            skipped=lambda rows: attempt.advance(rows, Outcome())):
         ready = _stage(attempt, batch, call_start, new)
-        call_start = int(ready.offsets[-1]) + 1  # deleted rows before the next call's first row are its own
+        call_start = ready.end  # deleted rows before the next call's first row are its own
         staged.append(ready)
         while len(staged) > attempt.prefetch:
             finish(staged.popleft())

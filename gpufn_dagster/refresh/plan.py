@@ -34,8 +34,8 @@ class FragmentWork:
     physical_rows: int
     live_rows: int
     inputs_hash: str
-    content_key: str  # the fragment's files and the Function version: what `verified` remembers
-    state_key: str  # content_key and batch size: where its checkpoints live
+    content_key: str  # the fragment's files and the Function version: what `verified` remembers, and
+    # where its checkpoints live
     reason: str  # "new": outputs never written here; "stale": written for other inputs or version, or failed rows
 
 
@@ -94,7 +94,6 @@ def plan_fragments(dataset: lance.LanceDataset, function: Function,
                 live_rows=fragment.count_rows(),
                 inputs_hash=inputs_hash,
                 content_key=content_key,
-                state_key=_key(content_key, str(function.batch_size)),
                 reason="stale" if output_files else "new",
             )
         )

@@ -41,7 +41,7 @@ from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, gpu_tags
 from .k8s_api import API_ERRORS, api_error
 from .placement import Placement, check_no_extra_gpus, enforce_placement
-from .shared import CLASSES_DIR_CONFIG, RunKind, RunPlan, plan_run, uses_step_pods
+from .shared import CLASSES_DIR_CONFIG, RunKind, RunPlan, plan_run
 
 # The sections of a dagster-k8s user-defined config, as UserDefinedDagsterK8sConfig names them.
 _SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
@@ -73,7 +73,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         """The run's plan (CPU, GPU or per-step); raises PlacementError / GpuClassError."""
         if run.run_id in self._plans:
             return self._plans[run.run_id]
-        return plan_run(self._instance, run, self._classes_dir, step_pods=uses_step_pods(self._instance, run))
+        return plan_run(self._instance, run, self._classes_dir)
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run

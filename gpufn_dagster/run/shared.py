@@ -71,16 +71,6 @@ def _job_step_pods(instance: DagsterInstance, job_snapshot_id: str) -> StepPods:
     return StepPods.WHEN_CLASSES_MIX if STEP_PODS_FIELD in names else StepPods.NEVER
 
 
-def uses_step_pods(instance: DagsterInstance, run: DagsterRun) -> bool:
-    """Whether the run's steps run in their own pods, each placed by its op tags: always under
-    k8s_job_executor, under gpufn's executor when the run mixes GPU classes."""
-    if not run.job_snapshot_id:
-        return False
-    mode = _job_step_pods(instance, run.job_snapshot_id)
-    return mode is StepPods.ALWAYS or (
-        mode is StepPods.WHEN_CLASSES_MIX and len(gpu_requests(run_step_tags(instance, run))) > 1)
-
-
 class RunKind(enum.Enum):
     """How a run meets GPUs: not at all, on its run worker, in its steps' own pods, or (embedded
     mode) each GPU step on a local slot of its class."""
@@ -100,28 +90,32 @@ class RunPlan:
     classes: tuple[str, ...] = ()  # per step: the GPU classes its step pods go to
 
 
+def _each_placed(requests: dict[str, int], classes_dir: ClassesDir) -> dict[str, Placement]:
+    classes = cached_gpu_classes(classes_dir)
+    return {name: resolve_placement({name: count}, classes) for name, count in requests.items()}
+
+
 def class_placements(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> dict[str, Placement]:
     """Each GPU class the run's steps ask for, placed on its own; raises PlacementError /
     GpuClassError for an unknown class or too many GPUs, so those fail before anything starts."""
-    classes = cached_gpu_classes(classes_dir)
-    return {name: resolve_placement({name: count}, classes)
-            for name, count in gpu_requests(run_step_tags(instance, run)).items()}
+    return _each_placed(gpu_requests(run_step_tags(instance, run)), classes_dir)
 
 
-def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir, *, step_pods: bool) -> RunPlan:
+def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> RunPlan:
     """The run's plan on Kubernetes; raises PlacementError / GpuClassError when its GPU request
     cannot be placed.
 
-    With step pods (k8s_job_executor) the run worker only orchestrates: it stays a CPU pod, and
-    each GPU step's pod carries its own class (op tags), so a run may mix classes. Without step
-    pods, one worker runs every step, so all must share one class.
+    With step pods -- always under k8s_job_executor, under gpufn's executor when the run mixes GPU
+    classes -- the run worker only orchestrates: it stays a CPU pod, and each GPU step's pod
+    carries its own class (op tags). Without step pods, one worker runs every step, so all must
+    share one class.
     """
-    if step_pods:
-        classes = tuple(sorted(class_placements(instance, run, classes_dir)))
-        return RunPlan(RunKind.PER_STEP, classes=classes) if classes else RunPlan(RunKind.CPU)
     requests = gpu_requests(run_step_tags(instance, run))
     if not requests:
         return RunPlan(RunKind.CPU)
+    mode = _job_step_pods(instance, run.job_snapshot_id) if run.job_snapshot_id else StepPods.NEVER
+    if mode is StepPods.ALWAYS or (mode is StepPods.WHEN_CLASSES_MIX and len(requests) > 1):
+        return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(_each_placed(requests, classes_dir))))
     return RunPlan(RunKind.GPU, resolve_placement(requests, cached_gpu_classes(classes_dir)))
 
 
