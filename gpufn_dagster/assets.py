@@ -155,8 +155,9 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     def report(progress: Progress) -> None:
         context.log.info(f"{function.name}: {progress.line()}")
 
-    result = refresh_column(lancedb.table_uri(function.table), function, report=report, upstream=reads(context.assets_def),
-                            holder=f"run {context.run.run_id}", on_wait=context.log.info)
+    result = refresh_column(lancedb.table_files(function.table).uri, function, report=report,
+                            upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
+                            on_wait=context.log.info, storage_options=lancedb.storage_options)
     _record_errors(lancedb, function, result, context.run.run_id)
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 

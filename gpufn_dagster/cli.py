@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -82,18 +83,28 @@ def serve(host: str, port: int, classes_dir: str | None, token: str | None, allo
 @click.option("--nodes-per-class", default=2, show_default=True)
 @click.option("--cpu-nodes", default=2, show_default=True)
 @click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
-def devcluster(nodes_per_class: int, cpu_nodes: int, classes_dir: str | None) -> None:
+@click.option("--object-store/--no-object-store", default=False, show_default=True,
+              help="Also run an S3-compatible object store (SeaweedFS) for tables on object storage.")
+def devcluster(nodes_per_class: int, cpu_nodes: int, classes_dir: str | None, object_store: bool) -> None:
     """Run the development Kubernetes control plane with fake GPU pools until interrupted (from a checkout)."""
     try:
         from gpufn_devcluster.cluster import DevCluster, binaries_dir
+        from gpufn_devcluster.objectstore import ObjectStore
     except ImportError as err:
         raise click.ClickException(f"the development control plane is not installed ({err}); from a checkout of "
                                    "gpufn-dagster: pip install -e '.[devcluster]'") from None
 
-    with DevCluster(binaries_dir()) as cluster:
+    with ExitStack() as stack:
+        cluster = stack.enter_context(DevCluster(binaries_dir()))
         nodes = cluster.add_pools(list_gpu_classes(classes_dir), nodes_per_class=nodes_per_class, cpu=cpu_nodes)
         click.echo(f"control plane up in {cluster.started_seconds:.1f}s with {len(nodes)} nodes")
         click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
+        if object_store:
+            store = stack.enter_context(ObjectStore(binaries_dir()))
+            click.echo(f"object store (SeaweedFS) at {store.endpoint}; tables under {store.uri('lancedb')}:")
+            for name, value in store.environment.items():
+                click.echo(f"export {name}={value}")
+            click.echo(f"export GPUFN_LANCEDB_URI={store.uri('lancedb')}")
         click.echo("Ctrl-C stops it and removes everything.")
         stop = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # sigwait only takes blocked signals
@@ -141,8 +152,12 @@ def capacity(as_json: bool) -> None:
 
 @main.command("append-docs")
 @click.option("--rows", default=100, show_default=True, help="How many sample documents to append.")
-@click.option("--db", envvar="GPUFN_LANCEDB_URI", default=".gpufn_data/lancedb", show_default=True)
-def append_docs(rows: int, db: str) -> None:
+@click.option("--db", envvar="GPUFN_LANCEDB_URI", default=".gpufn_data/lancedb", show_default=True,
+              help="The database: a local path or s3://bucket/folder.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An object-store setting as Lance takes it (aws_endpoint=..., allow_http=true); repeatable. "
+                   "Credentials are best left to the AWS_* environment variables.")
+def append_docs(rows: int, db: str, storage_options: tuple[str, ...]) -> None:
     """Append sample documents to the example's `docs` table (the sensor then starts a refresh)."""
     import lancedb
 
@@ -150,7 +165,11 @@ def append_docs(rows: int, db: str) -> None:
 
     import pyarrow.compute as pc
 
-    table = lancedb.connect(db).open_table("docs")
+    options = dict(option.split("=", 1) for option in storage_options if "=" in option)
+    bad = [option for option in storage_options if "=" not in option]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not KEY=VALUE", param_hint="--storage-option")
+    table = lancedb.connect(db, storage_options=options or None).open_table("docs")
     ids = table.to_lance().to_table(columns=["id"]).column("id")
     table.add(sample_docs(rows, start_id=(pc.max(ids).as_py() or -1) + 1))
     click.echo(f"appended {rows} documents to {db}/docs (now {table.count_rows():,} rows, version {table.version})")

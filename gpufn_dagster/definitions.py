@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-import lancedb
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
 from .assets import declared_in, function_of
@@ -70,10 +69,11 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
     return out
 
 
-def check_tables(assets: Sequence[Any], db_uri: str) -> None:
+def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
     """Every Function's table exists (or an asset here produces it) and has the Function's inputs
     (or another Function here computes them), each of a type that can be an input."""
-    db = lancedb.connect(db_uri)
+    db = lancedb.connect()
+    db_uri = lancedb.uri
     existing = set(db.list_tables().tables)
     keys = {key for asset in assets if isinstance(asset, dg.AssetsDefinition) for key in asset.keys}
     functions = list(_functions(assets).values())
@@ -115,6 +115,7 @@ def build_definitions(
     *,
     assets: Sequence[Any],
     db_uri: str | None = None,
+    storage_options: dict[str, str] | None = None,
     schedules: Sequence[Any] = (),
     sensors: Sequence[Any] = (),
     jobs: Sequence[Any] = (),
@@ -126,7 +127,8 @@ def build_definitions(
 
     Args:
         assets: Function assets (`gpu_function`, `function_asset`), views and any other assets.
-        db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`).
+        db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`): a local path or `s3://bucket/folder`.
+        storage_options: how to reach the object store (see `LanceDBResource`).
         schedules, sensors, jobs, asset_checks: passed to `dagster.Definitions` as they are.
         resources: more resources; `lancedb` is added.
         executor: the executor of the definitions' jobs (default `gpu_classes_executor`: each step
@@ -135,14 +137,14 @@ def build_definitions(
             `dagster_k8s.k8s_job_executor` for step pods always, or `dagster.multiprocess_executor`
             for never (a run mixing classes is then refused on Kubernetes).
     """
-    uri = db_uri or default_db_uri()
-    check_tables(assets, uri)
+    database = LanceDBResource(uri=db_uri or default_db_uri(), storage_options=dict(storage_options or {}))
+    check_tables(assets, database)
     return dg.Definitions(
         assets=chain_functions(assets),
         asset_checks=list(asset_checks),
         schedules=list(schedules),
         sensors=list(sensors),
         jobs=list(jobs),
-        resources={"lancedb": LanceDBResource(uri=uri), **(resources or {})},
+        resources={"lancedb": database, **(resources or {})},
         executor=executor if executor is not None else gpu_classes_executor,
     )

@@ -66,7 +66,7 @@ def materialized_view_asset(
             view = db.create_materialized_view(name, source, select=select, where=where)
         version_before = db.open_table(name).version
         result = view.refresh()
-        carried = carry_over(lancedb.table_uri(name), version_before) if str(result.mode) == "rebuild" else 0
+        carried = carry_over(lancedb.table_files(name), version_before) if str(result.mode) == "rebuild" else 0
         wall = time.monotonic() - started
         context.log.info(f"view {name!r}: {result.mode} refresh wrote {result.rows_written:,} rows "
                          f"from source version {result.source_version} in {wall:.2f}s"

@@ -8,19 +8,15 @@ Python process that started it, even when that process is killed.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +27,12 @@ import yaml
 from gpufn_dagster.classes import GpuClass
 from .nodes import FAKE_NODE_LABEL, cpu_nodes, gpu_nodes
 from .pki import write_pki
+from .processes import free_port, spawn, stop_all
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
 STAGES = Path(__file__).with_name("stages.yaml")
 BIN_DIR_ENV = "GPUFN_K8S_BIN"
-_PR_SET_PDEATHSIG = 1
 
 
 class ClusterError(RuntimeError):
@@ -54,17 +50,6 @@ def binaries_dir() -> Path:
     if done.returncode != 0:
         raise ClusterError(f"{BUILD_SCRIPT} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
@@ -94,13 +79,7 @@ class DevCluster:
         self.stop()
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        with open(self.workdir / f"{name}.log", "wb") as log, warnings.catch_warnings():
-            # preexec_fn forces fork(); lance/lancedb warn about forking, but the child only execs a binary.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            self.processes[name] = subprocess.Popen(
-                [str(self.bin_dir / args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent, cwd=self.workdir)
+        self.processes[name] = spawn(self.bin_dir / args[0], args[1:], self.workdir / f"{name}.log", self.workdir)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.workdir / f"{name}.log"
@@ -131,7 +110,7 @@ class DevCluster:
         started = time.monotonic()
         pki = write_pki(self.workdir / "pki")
         (self.workdir / "tokens.csv").write_text(f'{self.token},gpufn-admin,gpufn-admin,"system:masters"\n')
-        self.ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")}
+        self.ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok")}
         etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
         peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
         self._spawn("etcd", [
@@ -196,17 +175,7 @@ class DevCluster:
 
     def stop(self) -> None:
         """Stop every component (reverse order), SIGKILL what has not exited after 10 s, remove the workdir."""
-        for name in reversed(list(self.processes)):
-            process = self.processes[name]
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_all(self.processes)
         self.processes.clear()
         if not os.environ.get("GPUFN_K8S_KEEP"):
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -4,6 +4,7 @@ marked `k8s`) one real control plane per session with fake node pools built from
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -28,7 +29,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     from gpufn_devcluster.cluster import BIN_DIR_ENV
 
-    if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") for item in session.items):
+    if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") or item.get_closest_marker("s3")
+                                              for item in session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
@@ -74,9 +76,26 @@ def classes_dir(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.fixture(scope="session")
+def object_store() -> Iterator:
+    """A real S3-compatible server (SeaweedFS, built by tools/k8s/build.sh), once per session."""
+    from gpufn_devcluster.cluster import binaries_dir
+    from gpufn_devcluster.objectstore import ObjectStore
+
+    with ObjectStore(binaries_dir()) as running:
+        yield running
+
+
 @pytest.fixture
-def db_uri(tmp_path: Path) -> str:
-    return str(tmp_path / "lancedb")
+def db_uri(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh LanceDB database: a local directory, or (parametrized "s3") a folder of the suite's
+    object store, reached the way a pod reaches it (the `AWS_*` variables of a Secret)."""
+    if getattr(request, "param", "local") == "local":
+        return str(tmp_path / "lancedb")
+    store = request.getfixturevalue("object_store")
+    for name, value in store.environment.items():
+        monkeypatch.setenv(name, value)
+    return store.uri(f"{re.sub('[^A-Za-z0-9_-]', '-', request.node.name)[:60]}-{uuid.uuid4().hex[:8]}")
 
 
 NODES_PER_CLASS = 2

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from .columns import SIG_COLUMN_KEY
+from .files import TableFiles
 from .plan import field_ids
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
@@ -27,10 +28,10 @@ def function_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.metadata and SIG_COLUMN_KEY.encode() in f.metadata]
 
 
-def carry_over(view_uri: str, previous_version: int) -> int:
+def carry_over(view: TableFiles, previous_version: int) -> int:
     """Put back Function values lost in a rebuild; returns how many rows got their values back."""
-    current = lance.dataset(view_uri)
-    previous = lance.dataset(view_uri, version=previous_version)
+    current = view.dataset()
+    previous = view.dataset(previous_version)
     names = [n for n in function_columns(current.schema) if n in previous.schema.names]
     if not names or SOURCE_ROW_ID not in current.schema.names:
         return 0
@@ -48,12 +49,12 @@ def carry_over(view_uri: str, previous_version: int) -> int:
         carried += sum(joined.num_rows - joined.column(s).null_count for s in sig_columns) // len(sig_columns)
         batch = pa.RecordBatch.from_arrays([joined.column(n).combine_chunks() for n in names], schema=schema)
         offsets = (joined.column("_rowaddr").to_numpy() & 0xFFFFFFFF).astype(np.int64)
-        writer = FragmentFileWriter(current, data_file_name("gpufn-carry"), schema)
+        writer = FragmentFileWriter(view, current, data_file_name("gpufn-carry"), schema)
         writer.write(align_to_physical(batch, offsets, 0, schema))
         writer.pad_to(fragment.metadata.physical_rows)
         writer.close()
         groups.append(lance.LanceOperation.DataReplacementGroup(fragment.fragment_id, writer.data_file(ids)))
     if carried:
-        lance.LanceDataset.commit(view_uri, lance.LanceOperation.DataReplacement(groups), read_version=current.version,
-                                  commit_message="gpufn: carry Function values over a view rebuild")
+        view.commit(lance.LanceOperation.DataReplacement(groups), current.version,
+                    "gpufn: carry Function values over a view rebuild")
     return carried

@@ -1,82 +1,75 @@
 """Durable progress of a refresh, so a killed run repeats only work done since the last checkpoint.
 
-Computed output is saved every `checkpoint_seconds` (and batch boundaries are deterministic) as
-an Arrow IPC file named by its physical row range, under a
-directory keyed by Function version and the fragment's state (input files, output files,
-deletions, batch size). A re-run with the same key reuses saved chunks instead of calling the
-Function, and a finished fragment's Lance file is reused outright. Nothing here is visible to
-table readers: the table only changes at commit, and the directory is removed after it.
-Writes go to a temporary name and are renamed into place, so a kill never leaves half a file
-that a re-run would trust.
+Computed output is saved every `checkpoint_seconds` as an Arrow IPC object named by its physical
+row range, under a folder keyed by Function version and the fragment's content (input files,
+output files, deletions), beside the table on the table's own storage (`files`): a worker that
+dies on one node is resumed by a worker on another. A re-run with the same key reuses saved
+chunks instead of calling the Function, and a finished fragment's Lance file is reused outright.
+Nothing here is visible to table readers: the table only changes at commit, and the folder is
+removed after it. Each object is written whole, so a kill never leaves half a chunk that a re-run
+would trust.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pyarrow as pa
 
+from .files import TableFiles
 from .plan import FragmentWork
 
 
 class CheckpointStore:
-    def __init__(self, table_uri: str, sig_column: str, function_version: str):
-        self.root = Path(table_uri) / "_gpufn" / "checkpoints" / sig_column
-        self.dir = self.root / function_version
+    def __init__(self, files: TableFiles, sig_column: str, function_version: str):
+        self.files = files
+        self.root = f"_gpufn/checkpoints/{sig_column}"
+        self.dir = f"{self.root}/{function_version}"
 
-    def _fragment_dir(self, work: FragmentWork) -> Path:
-        return self.dir / f"{work.fragment_id}-{work.content_key}"
-
-    @staticmethod
-    def _atomic_write(path: Path, write) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        write(tmp)
-        os.replace(tmp, path)
+    def _fragment_dir(self, work: FragmentWork) -> str:
+        return f"{self.dir}/{work.fragment_id}-{work.content_key}"
 
     def save_chunk(self, work: FragmentWork, start: int, end: int, batches: list[pa.RecordBatch],
                    outcome: dict) -> None:
         """Durably record the output for physical rows [start, end) of the fragment, and the
         outcome of computing it (failed rows, retried rows that succeeded, rows changed)."""
         schema = batches[0].schema.with_metadata({"gpufn.outcome": json.dumps(outcome)})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch.replace_schema_metadata(schema.metadata))
+        self.files.write(f"{self._fragment_dir(work)}/{start:010d}-{end:010d}.arrow", sink.getvalue().to_pybytes())
 
-        def write(tmp: Path) -> None:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-
-        self._atomic_write(self._fragment_dir(work) / f"{start:010d}-{end:010d}.arrow", write)
-
-    def chunks(self, work: FragmentWork) -> dict[int, tuple[int, Path]]:
-        """Saved chunks of the fragment: start row -> (end row, file)."""
+    def chunks(self, work: FragmentWork) -> dict[int, tuple[int, str]]:
+        """Saved chunks of the fragment: start row -> (end row, object name)."""
         found = {}
-        for path in self._fragment_dir(work).glob("*.arrow"):
-            start, end = (int(p) for p in path.stem.split("-"))
-            found[start] = (end, path)
+        folder = self._fragment_dir(work)
+        for name in self.files.names(folder):
+            if name.endswith(".arrow"):
+                start, end = (int(p) for p in name.removesuffix(".arrow").split("-"))
+                found[start] = (end, f"{folder}/{name}")
         return found
 
-    @staticmethod
-    def load_chunk(path: Path) -> tuple[list[pa.RecordBatch], dict]:
-        with pa.memory_map(str(path)) as source:
-            reader = pa.ipc.open_file(source)
-            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            outcome = json.loads((reader.schema.metadata or {}).get(b"gpufn.outcome", b"{}"))
+    def load_chunk(self, name: str) -> tuple[list[pa.RecordBatch], dict]:
+        data = self.files.read(name)
+        if data is None:
+            raise FileNotFoundError(f"checkpoint chunk {self.files.path(name)} vanished")
+        reader = pa.ipc.open_file(pa.py_buffer(data))
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        outcome = json.loads((reader.schema.metadata or {}).get(b"gpufn.outcome", b"{}"))
         return batches, outcome
 
     def save_fragment(self, work: FragmentWork, record: dict) -> None:
-        self._atomic_write(self._fragment_dir(work) / "done.json", lambda tmp: tmp.write_text(json.dumps(record)))
+        self.files.write(f"{self._fragment_dir(work)}/done.json", json.dumps(record).encode())
 
     def load_fragment(self, work: FragmentWork) -> dict | None:
-        path = self._fragment_dir(work) / "done.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        data = self.files.read(f"{self._fragment_dir(work)}/done.json")
+        return json.loads(data) if data is not None else None
 
     def discard_batches(self, work: FragmentWork) -> None:
-        for path in self._fragment_dir(work).glob("*.arrow"):
-            path.unlink()
+        for _end, name in self.chunks(work).values():
+            self.files.delete(name)
 
     def clear(self) -> None:
         """Drop all progress for this column (every Function version): called after a commit."""
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.files.delete_folder(self.root)

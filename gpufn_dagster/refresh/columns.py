@@ -9,6 +9,7 @@ from lancedb.materialized_view import DEFINITION_META_KEY
 from ..errors import FunctionDefinitionError
 from ..functions import Function
 from ..arrow_types import datafusion_type
+from .files import TableFiles
 from .signature import SIG_TYPE
 
 _ADD_ATTEMPTS = 5
@@ -46,10 +47,10 @@ def declared_fields(function: Function, on_view: bool) -> list[pa.Field]:
     return tagged
 
 
-def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
+def ensure_columns(files: TableFiles, function: Function) -> lance.LanceDataset:
     """Add the output and signature columns (all-NULL, metadata only) if missing; check their types."""
     for attempt in range(_ADD_ATTEMPTS):
-        dataset = lance.dataset(table_uri)
+        dataset = files.dataset()
         schema = dataset.schema
         wanted = declared_fields(function, is_view(schema))
         for name in function.inputs:
@@ -71,7 +72,7 @@ def ensure_columns(table_uri: str, function: Function) -> lance.LanceDataset:
             return dataset
         try:
             dataset.add_columns(missing)
-            return lance.dataset(table_uri)
+            return files.dataset()
         except OSError:  # a concurrent commit won the race; re-read and retry
             if attempt == _ADD_ATTEMPTS - 1:
                 raise

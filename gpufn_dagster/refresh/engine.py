@@ -32,7 +32,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import lance
@@ -47,6 +46,7 @@ from .batches import BatchSizer
 from .checkpoint import CheckpointStore
 from .columns import ensure_columns
 from .execute import BatchFit, RowError, call_function
+from .files import TableFiles
 from .gpu_stats import GpuSampler
 from .lease import DEFAULT_TTL, ColumnLease
 from .leftovers import WrittenFiles
@@ -135,10 +135,10 @@ class _FragmentResult:
 class _Attempt:
     """State shared by the fragment workers of one plan-compute-commit attempt."""
 
-    def __init__(self, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
+    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
                  written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any,
                  fit: BatchFit, sizer: BatchSizer, prefetch: int):
-        self.dataset, self.function, self.store, self.written = dataset, function, store, written
+        self.files, self.dataset, self.function, self.store, self.written = files, dataset, function, store, written
         self.report, self.progress, self.fit, self.sizer, self.prefetch = report, progress, fit, sizer, prefetch
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
@@ -317,7 +317,7 @@ def _close_fragment(attempt: _Attempt, item: FragmentWork, writer: FragmentFileW
                               "outcome": total.to_json()}
     if not new and total.changed == 0:
         # Every row is current (e.g. after compaction): keep the fragment's files as they are.
-        (Path(attempt.dataset.uri) / "data" / writer.name).unlink(missing_ok=True)
+        attempt.files.delete(f"data/{writer.name}")
         record["file"] = None
     attempt.store.save_fragment(item, record)
     attempt.store.discard_batches(item)
@@ -334,13 +334,13 @@ def _refresh_fragment(attempt: _Attempt, item: FragmentWork) -> _FragmentResult:
     ahead of the one waited for.
     """
     done = attempt.store.load_fragment(item)
-    if done is not None and (done["file"] is None or (Path(attempt.dataset.uri) / "data" / done["file"]).exists()):
+    if done is not None and (done["file"] is None or attempt.files.exists(f"data/{done['file']}")):
         result = _finished(attempt, item, done)
         attempt.advance(item.live_rows, result.outcome)
         return result
     name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
     attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
-    writer = FragmentFileWriter(attempt.dataset, name, attempt.out_schema)
+    writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
     total = Outcome()
     resume_at = _restore_chunks(attempt, item, writer, total)
     pending = _PendingChunk(attempt, item, start=resume_at)
@@ -417,14 +417,13 @@ def _compute(attempt: _Attempt, work: list[FragmentWork], workers: int) -> list[
     return [f.result() for f in futures]
 
 
-def _commit(dataset: lance.LanceDataset, function: Function,
+def _commit(files: TableFiles, dataset: lance.LanceDataset, function: Function,
             groups: list[lance.LanceOperation.DataReplacementGroup]) -> lance.LanceDataset | None:
     """One DataReplacement of every rewritten fragment at the version read; None when a concurrent
     writer of the same fragments won the race (the caller re-plans)."""
     try:
-        return lance.LanceDataset.commit(
-            dataset.uri, lance.LanceOperation.DataReplacement(groups), read_version=dataset.version,
-            commit_message=f"gpufn refresh {function.name} version {function.version}")
+        return files.commit(lance.LanceOperation.DataReplacement(groups), dataset.version,
+                            f"gpufn refresh {function.name} version {function.version}")
     except CommitConflictError:
         return None
     except OSError as err:  # not a race: retrying cannot help, so say what Lance refused
@@ -445,11 +444,13 @@ def refresh_column(
     on_wait: Callable[[str], None] | None = None,
     lease_seconds: float = DEFAULT_TTL,
     prefetch: int = PREFETCH,
+    storage_options: dict[str, str] | None = None,
 ) -> RefreshResult:
     """Bring the Function's column up to date; returns what was done. Safe to kill and re-run.
 
     Args:
-        table_uri: the Lance dataset (`<db>/<table>.lance`).
+        table_uri: the Lance dataset (`<db>/<table>.lance`): a local path or an object store's URI
+            (`s3://bucket/db/t.lance`); checkpoints, state and the lease live beside it.
         function: the Function spec (`make_function`).
         report: called with the progress every `report_every` seconds and at the end.
         concurrency: fragments processed at once (default: up to 4, by CPU count).
@@ -460,6 +461,8 @@ def refresh_column(
         lease_seconds: how long a killed refresh blocks the next one of the same column.
         prefetch: batches each fragment thread reads and hashes ahead of the one the model works
             on; 0 calls the Function from the fragment threads in turn, reading nothing ahead.
+        storage_options: how to reach an object store (endpoint, region, credentials), as Lance
+            takes them; none reads the `AWS_*` environment variables.
 
     Example:
         >>> import lance, pyarrow as pa, tempfile
@@ -475,9 +478,10 @@ def refresh_column(
         [2, 4, 6]
     """
     started = time.monotonic()
-    dataset = lance.dataset(table_uri)
+    files = TableFiles(table_uri, storage_options)
+    dataset = files.dataset()
     check_input_types(function, dataset.schema)
-    check_upstream(dataset, function, upstream)
+    check_upstream(files, dataset, function, upstream)
     progress = Progress()
     visited = rewritten = 0
     load_seconds = computing = 0.0
@@ -485,20 +489,20 @@ def refresh_column(
     call: Any = None
     fit = BatchFit()
     sizer = BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size)
-    lease = ColumnLease(table_uri, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
+    lease = ColumnLease(files, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
                         ttl=lease_seconds, on_wait=on_wait)
     with GpuSampler() as gpu, lease:
         try:
-            dataset = ensure_columns(table_uri, function)
+            dataset = ensure_columns(files, function)
             version_before = dataset.version
-            store = CheckpointStore(dataset.uri, function.sig_column, function.version)
-            written = WrittenFiles(dataset.uri, function.sig_column)
-            state = load_state(dataset.uri, function.sig_column)
+            store = CheckpointStore(files, function.sig_column, function.version)
+            written = WrittenFiles(files, function.sig_column)
+            state = load_state(files, function.sig_column)
             for _attempt in range(_COMMIT_ATTEMPTS):
                 work = plan_fragments(dataset, function, state)
                 visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
                 progress.restart(sum(w.live_rows for w in work))
-                attempt = _Attempt(dataset, function, store, written, report, progress, call, fit, sizer, prefetch)
+                attempt = _Attempt(files, dataset, function, store, written, report, progress, call, fit, sizer, prefetch)
                 with Ticker(report, progress, report_every):
                     results = _compute(attempt, work, workers)
                 call = attempt.call
@@ -511,9 +515,9 @@ def refresh_column(
                 groups = [r.group for r in results if r.group is not None]
                 if not groups:
                     break
-                save_state(dataset.uri, function.sig_column, state)  # failed files are known before the commit
+                save_state(files, function.sig_column, state)  # failed files are known before the commit
                 lease.check()
-                committed = _commit(dataset, function, groups)
+                committed = _commit(files, dataset, function, groups)
                 if committed is not None:
                     dataset = committed
                     rewritten += len(groups)
@@ -521,7 +525,7 @@ def refresh_column(
                 # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan on
                 # the latest version; finished fragments whose state did not change are reused from
                 # their checkpoints.
-                dataset = lance.dataset(table_uri)
+                dataset = files.dataset()
             else:
                 raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row to "
                                    "concurrent writers of the same fragments (compaction?); run it again")
@@ -529,9 +533,9 @@ def refresh_column(
             if call is not None and hasattr(call, "close"):
                 call.close()
         current = content_keys(dataset, function)
-        files = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
-        save_state(dataset.uri, function.sig_column,
-                   ColumnState(state.verified & current, state.failed_files & files))
+        in_use = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+        save_state(files, function.sig_column,
+                   ColumnState(state.verified & current, state.failed_files & in_use))
         files_removed = written.settle(dataset)
         store.clear()
     if report:

@@ -1,4 +1,4 @@
-"""One refresh of a column at a time: a lease file beside the table, renewed while the refresh runs.
+"""One refresh of a column at a time: a lease beside the table, renewed while the refresh runs.
 
 Two runs refreshing the same Function at once would both compute every stale row (twice the GPU
 bill) and one would then lose the commit. The second run instead waits for the lease, then plans
@@ -7,8 +7,12 @@ holder renews the lease every `ttl / 3` seconds; a holder that was killed stops 
 lease expires after `ttl` seconds and the next refresh takes it over -- at once when the holder was
 a process on the same host that no longer exists.
 
-Creating the lease is atomic (a hard link that fails if the name exists), and so is taking over an
-expired one (a rename that only one taker can win), so two waiters never both hold it.
+The lease lives on the table's own storage, so workers on different nodes share it. It is a
+sequence of generations, `_gpufn/leases/<signature column>/<generation>.json`, built on the one
+atomic step every store offers (`TableFiles.create`: write only if the name is free): the holder
+is whoever created the highest generation. Taking over a void lease means creating the next
+generation, which only one taker can win; the winner removes the older ones. A holder whose
+generation is gone or no longer the highest has lost the lease and must not commit.
 """
 
 from __future__ import annotations
@@ -20,48 +24,50 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..errors import LeaseLost
+from .files import TableFiles
 
 DEFAULT_TTL = 60.0
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 class ColumnLease:
     """The right to refresh one Function column; use as a context manager."""
 
-    def __init__(self, table_uri: str, sig_column: str, holder: str, *, ttl: float = DEFAULT_TTL,
+    def __init__(self, files: TableFiles, sig_column: str, holder: str, *, ttl: float = DEFAULT_TTL,
                  on_wait: Callable[[str], None] | None = None, poll: float = 0.5, report_every: float = 10.0):
-        self.path = Path(table_uri) / "_gpufn" / "leases" / f"{sig_column}.json"
+        self.files = files
+        self.dir = f"_gpufn/leases/{sig_column}"
         self.holder, self.ttl, self.on_wait, self.poll, self.report_every = holder, ttl, on_wait, poll, report_every
         self.token = uuid.uuid4().hex
+        self.generation: int | None = None
         self.waited = 0.0
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.lost = False
 
-    def _record(self) -> dict[str, Any]:
+    def _name(self, generation: int) -> str:
+        return f"{self.dir}/{generation:012d}.json"
+
+    def _record(self) -> bytes:
         now = time.time()
-        return {"holder": self.holder, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                "renewed_at": now, "expires_at": now + self.ttl}
+        return json.dumps({"holder": self.holder, "token": self.token, "host": socket.gethostname(),
+                           "pid": os.getpid(), "renewed_at": now, "expires_at": now + self.ttl}).encode()
 
-    def _write_new(self) -> bool:
-        """Create the lease file with its content in one step; False when it already exists."""
-        tmp = self.path.with_name(f".{self.token}.tmp")
-        tmp.write_text(json.dumps(self._record()))
-        try:
-            os.link(tmp, self.path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+    def _generations(self) -> list[int]:
+        return sorted(int(n.removesuffix(".json")) for n in self.files.names(self.dir)
+                      if n.endswith(".json") and n.removesuffix(".json").isdigit())
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self, generation: int) -> dict[str, Any] | None:
+        data = self.files.read(self._name(generation))
         try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return json.loads(data) if data else None
+        except json.JSONDecodeError:
             return None
 
     @staticmethod
@@ -73,70 +79,86 @@ class ColumnLease:
             os.kill(int(current["pid"]), 0)
         except ProcessLookupError:
             return True
-        except PermissionError:
+        except (PermissionError, ValueError, KeyError):
             return False
         return False
 
-    def _take_expired(self) -> None:
-        graveyard = self.path.with_name(f".expired-{self.token}")
-        try:
-            os.rename(self.path, graveyard)  # only one taker wins; the others find the name gone
-        except FileNotFoundError:
-            return
-        graveyard.unlink(missing_ok=True)
+    def _void(self, current: dict[str, Any]) -> str | None:
+        """Why the lease no longer binds anyone, or None while its holder keeps it."""
+        if self._dead(current):
+            return "its process is gone"
+        if current.get("expires_at", 0) < time.time():
+            return f"it expired {time.time() - current.get('expires_at', 0):.0f}s ago without being renewed"
+        return None
+
+    def _take(self, generation: int) -> bool:
+        if not self.files.create(self._name(generation), self._record()):
+            return False
+        self.generation = generation
+        for older in self._generations():
+            if older < generation:
+                self.files.delete(self._name(older))
+        return True
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         last_report = -self.report_every
-        while not self._write_new():
-            current = self._read()
-            if current is None:
+        while True:
+            generations = self._generations()
+            if not generations:
+                if self._take(1):
+                    break
                 continue
-            dead = self._dead(current)
-            if dead or current["expires_at"] < time.time():
+            top = generations[-1]
+            current = self._read(top)
+            if current is None:  # released and removed, or not yet readable: look again
+                time.sleep(self.poll / 5)
+                continue
+            why = self._void(current)
+            if why is not None:
                 if self.on_wait:
-                    why = ("its process is gone" if dead else
-                           f"it expired {time.time() - current['expires_at']:.0f}s ago without being renewed")
-                    self.on_wait(f"the refresh lease of {current['holder']} (pid {current['pid']} on "
-                                 f"{current['host']}) is void: {why}; taking it over")
-                self._take_expired()
+                    self.on_wait(f"the refresh lease of {current.get('holder')} (pid {current.get('pid')} on "
+                                 f"{current.get('host')}) is void: {why}; taking it over")
+                if self._take(top + 1):
+                    break
                 continue
             waited = time.monotonic() - started
             if self.on_wait and waited - last_report >= self.report_every:
                 self.on_wait(f"waiting for the refresh of this column by {current['holder']} to finish (lease held "
-                             f"since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(current['renewed_at']))} at the "
-                             f"latest renewal, expires in {current['expires_at'] - time.time():.0f}s unless renewed); "
-                             "rows it computes will not be computed again")
+                             f"since {_stamp(current['renewed_at'])} at the latest renewal, expires in "
+                             f"{current['expires_at'] - time.time():.0f}s unless renewed); rows it computes will not "
+                             "be computed again")
                 last_report = waited
             time.sleep(self.poll)
         self.waited = time.monotonic() - started
         self._renewer = threading.Thread(target=self._renew, name="gpufn-lease", daemon=True)
         self._renewer.start()
 
+    def _still_held(self) -> bool:
+        current = self._read(self.generation) if self.generation is not None else None
+        return (current is not None and current.get("token") == self.token
+                and max(self._generations(), default=0) == self.generation)
+
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            current = self._read()
-            if current is None or current.get("token") != self.token:
+            if not self._still_held():
                 self.lost = True
                 return
-            tmp = self.path.with_name(f".{self.token}.tmp")
-            tmp.write_text(json.dumps(self._record()))
-            os.replace(tmp, self.path)
+            self.files.write(self._name(self.generation), self._record())
 
     def check(self) -> None:
         """Raise if the lease was lost (checked before committing)."""
-        if self.lost:
-            raise LeaseLost(f"the refresh lease {self.path} expired while held by {self.holder}; another refresh "
-                            "took over, so this one stops without committing")
+        if self.lost or not self._still_held():
+            self.lost = True
+            raise LeaseLost(f"the refresh lease {self.files.path(self.dir)} expired while held by {self.holder}; "
+                            "another refresh took over, so this one stops without committing")
 
     def release(self) -> None:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
-        current = self._read()
-        if current is not None and current.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+        if self.generation is not None and self._still_held():
+            self.files.delete(self._name(self.generation))
 
     def __enter__(self) -> ColumnLease:
         self.acquire()

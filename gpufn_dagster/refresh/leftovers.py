@@ -10,41 +10,40 @@ sure no other refresh of the column is writing meanwhile.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lance
+
+from .files import TableFiles
 
 
 class WrittenFiles:
     """The data files refreshes of one column wrote, until a commit settles them."""
 
-    def __init__(self, table_uri: str, sig_column: str):
-        self.table_uri = table_uri
-        self.dir = Path(table_uri) / "_gpufn" / "written" / sig_column
+    def __init__(self, files: TableFiles, sig_column: str):
+        self.files = files
+        self.dir = f"_gpufn/written/{sig_column}"
         self.created: set[str] = set()
 
     def note(self, name: str) -> None:
         """Record a data file before it is written."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / name).touch()
+        self.files.write(f"{self.dir}/{name}", b"")
         self.created.add(name)
 
     def settle(self, dataset: lance.LanceDataset) -> int:
         """After this refresh committed (or found nothing to commit): forget its own files and delete
         earlier refreshes' files that no version references; returns how many were deleted."""
         for name in self.created:
-            (self.dir / name).unlink(missing_ok=True)
-        leftovers = {p.name for p in self.dir.iterdir()} - self.created if self.dir.exists() else set()
+            self.files.delete(f"{self.dir}/{name}")
+        leftovers = set(self.files.names(self.dir)) - self.created
         if not leftovers:
             return 0
         referenced: set[str] = set()
         for version in dataset.versions():
-            old = lance.dataset(self.table_uri, version=version["version"])
+            old = self.files.dataset(version["version"])
             referenced |= {f.path for fragment in old.get_fragments() for f in fragment.metadata.files}
         deleted = 0
         for name in leftovers:
             if name not in referenced:
-                (Path(dataset.uri) / "data" / name).unlink(missing_ok=True)
+                self.files.delete(f"data/{name}")
                 deleted += 1
-            (self.dir / name).unlink(missing_ok=True)
+            self.files.delete(f"{self.dir}/{name}")
         return deleted

@@ -9,15 +9,15 @@
 
 Keys name files and Function versions, and Lance never edits a file in place, so an entry can
 only go out of date by naming files no fragment uses any more; those are dropped on each save.
-Written with a rename, so a reader sees the old or the new state, never half of one.
+Written whole (`TableFiles.write`), so a reader sees the old or the new state, never half of one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from .files import TableFiles
 
 
 @dataclass
@@ -26,21 +26,19 @@ class ColumnState:
     failed_files: set[str] = field(default_factory=set)
 
 
-def _path(table_uri: str, sig_column: str) -> Path:
-    return Path(table_uri) / "_gpufn" / "state" / f"{sig_column}.json"
+def _name(sig_column: str) -> str:
+    return f"_gpufn/state/{sig_column}.json"
 
 
-def load_state(table_uri: str, sig_column: str) -> ColumnState:
+def load_state(files: TableFiles, sig_column: str) -> ColumnState:
+    data = files.read(_name(sig_column))
     try:
-        data = json.loads(_path(table_uri, sig_column).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return ColumnState()
-    return ColumnState(set(data.get("verified", [])), set(data.get("failed_files", [])))
+        parsed = json.loads(data) if data is not None else {}
+    except json.JSONDecodeError:
+        parsed = {}
+    return ColumnState(set(parsed.get("verified", [])), set(parsed.get("failed_files", [])))
 
 
-def save_state(table_uri: str, sig_column: str, state: ColumnState) -> None:
-    path = _path(table_uri, sig_column)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"verified": sorted(state.verified), "failed_files": sorted(state.failed_files)}))
-    os.replace(tmp, path)
+def save_state(files: TableFiles, sig_column: str, state: ColumnState) -> None:
+    files.write(_name(sig_column), json.dumps(
+        {"verified": sorted(state.verified), "failed_files": sorted(state.failed_files)}).encode())

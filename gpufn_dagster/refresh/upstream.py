@@ -16,19 +16,20 @@ import pyarrow.compute as pc
 from ..errors import UpstreamNotCurrent
 from ..functions import Function
 from .columns import SIG_COLUMN_KEY
+from .files import TableFiles
 from .plan import plan_fragments
 from .signature import FAILED, row_signatures, scan_expressions
 from .state import load_state
 
 
-def _stale_rows(dataset: lance.LanceDataset, function: Function) -> int:
+def _stale_rows(files: TableFiles, dataset: lance.LanceDataset, function: Function) -> int:
     """Rows whose stored value of the Function is missing, failed or not for their inputs now."""
     if function.sig_column not in dataset.schema.names:
         return dataset.count_rows()
     stale = 0
     columns = {n: f"`{n}`" for n in [*function.inputs, function.sig_column]} | scan_expressions(
         function, dataset.schema)
-    for item in plan_fragments(dataset, function, load_state(dataset.uri, function.sig_column)):
+    for item in plan_fragments(dataset, function, load_state(files, function.sig_column)):
         for batch in dataset.get_fragment(item.fragment_id).scanner(columns=columns).to_batches():
             now = row_signatures(function, batch)
             stale += int(pc.sum(pc.fill_null(pc.not_equal(batch.column(function.sig_column), now), True)
@@ -36,7 +37,8 @@ def _stale_rows(dataset: lance.LanceDataset, function: Function) -> int:
     return stale
 
 
-def check_upstream(dataset: lance.LanceDataset, function: Function, upstream: Sequence[Function] = ()) -> None:
+def check_upstream(files: TableFiles, dataset: lance.LanceDataset, function: Function,
+                   upstream: Sequence[Function] = ()) -> None:
     """Refuse to start when an input column is another Function's output that is not current.
 
     `upstream` are the Functions known to produce some of the inputs; an input whose column was
@@ -46,7 +48,7 @@ def check_upstream(dataset: lance.LanceDataset, function: Function, upstream: Se
     for name in function.inputs:
         producer = next((u for u in upstream if name in u.columns and u.table == function.table), None)
         if producer is not None:
-            stale = _stale_rows(dataset, producer) if name in schema.names else dataset.count_rows()
+            stale = _stale_rows(files, dataset, producer) if name in schema.names else dataset.count_rows()
             producer_name = producer.name
         elif name in schema.names and SIG_COLUMN_KEY.encode() in (schema.field(name).metadata or {}):
             metadata = schema.field(name).metadata

@@ -14,6 +14,7 @@ import pyarrow as pa
 from lance.file import LanceFileWriter
 
 from ..functions import FunctionDefinitionError
+from .files import TableFiles
 
 
 def storage_version(dataset: lance.LanceDataset) -> tuple[str, int, int]:
@@ -34,11 +35,12 @@ def data_file_name(prefix: str) -> str:
 class FragmentFileWriter:
     """Streams one fragment's output batches into a Lance file aligned to its physical rows."""
 
-    def __init__(self, dataset: lance.LanceDataset, name: str, schema: pa.Schema):
+    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, name: str, schema: pa.Schema):
         version, self.major, self.minor = storage_version(dataset)
         self.name = name
         self.schema = schema
-        self.writer = LanceFileWriter(f"{dataset.uri}/data/{self.name}", schema, version=version)
+        self.writer = LanceFileWriter(files.path(f"data/{self.name}"), schema, version=version,
+                                      storage_options=files.storage_options or None)
         self.rows = 0
 
     def write(self, batch: pa.RecordBatch) -> None:

@@ -33,6 +33,8 @@ def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK
             "load_incluster_config": False,
             "kubeconfig_file": str(cluster.kubeconfig), "job_image": "gpufn/worker:test",
             "labels": {"gpufn.dev/fake-outcome": "hold"},
+            # Tables on object storage: the store's settings reach every run and step pod from a Secret.
+            "env_secrets": ["gpufn-object-store"],
             **({"classes_dir": str(classes_dir)} if cls == "GpuK8sRunLauncher" else {}),
         },
     }
@@ -94,6 +96,7 @@ def test_gpu_run_lands_on_its_class_pool_with_limits_and_tolerations(cluster, na
     assert ("gpufn.dev/pool", "Equal", "a100-80gb", "NoSchedule") in tolerations
     assert ("nvidia.com/gpu", "Exists", None, "NoSchedule") in tolerations
     assert pod.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert [source.secret_ref.name for source in container.env_from] == ["gpufn-object-store"]
     events = [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
     assert any("GPU placement: 2 x nvidia.com/gpu on GPU class 'a100-80gb'" in m for m in events)
 
@@ -307,6 +310,8 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
         assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == pool, step.key
         limits = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0].resources.limits or {}
         assert limits.get("nvidia.com/gpu") == gpus, step.key
+        container = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0]
+        assert [source.secret_ref.name for source in container.env_from or []] == ["gpufn-object-store"], step.key
 
 
 def _launch_error_text(instance, run_id: str) -> str:

@@ -14,14 +14,15 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import lance
 import lancedb
 import pyarrow as pa
 import pytest
 
 from gpufn_dagster import build_definitions, function_of, gpu_function, refresh_column
 from gpufn_dagster.assets import ERRORS_TABLE
+from gpufn_dagster.refresh.files import TableFiles
 from gpufn_dagster.resources import STABLE_ROW_IDS
+from tests.storages import STORAGES
 
 CALLS: list[str] = []
 
@@ -66,6 +67,7 @@ def _reset_calls():
     CALLS.clear()
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_refresh_fills_then_only_new_and_changed_rows(db_uri):
     make_docs(db_uri, 500)
     asset = gpu_function(table="docs", column="shout", batch_size=64)(shout)
@@ -95,6 +97,7 @@ def test_refresh_fills_then_only_new_and_changed_rows(db_uri):
     assert all(v is not None for v in now.values())
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_new_function_version_recomputes_every_row_once(db_uri):
     make_docs(db_uri, 200)
     run(db_uri, gpu_function(table="docs", column="shout")(shout))
@@ -111,6 +114,7 @@ def test_new_function_version_recomputes_every_row_once(db_uri):
     assert metadata(result)["function_version"] == function_of(asset).version
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_concurrent_append_during_refresh_is_kept_and_filled_next_time(db_uri):
     make_docs(db_uri, 300)
     appended = []
@@ -235,6 +239,7 @@ KILLABLE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 @pytest.mark.parametrize("prefetch", [0, 2], ids=["sequential", "prefetch"])
 def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Path, prefetch: int):
     make_docs(db_uri, 400)
@@ -264,15 +269,16 @@ def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Pa
     # with prefetch those the model finished while the writer had not yet caught up) run twice.
     assert recomputed <= 400 - done_before_kill + 25 * (prefetch + 1)
     assert set(values(db_uri).values()) == {f"DOC {i}@v2" for i in range(400)}
-    assert lance.dataset(uri).validate() is None
-    assert not (Path(uri) / "_gpufn" / "checkpoints").exists() or not any((Path(uri) / "_gpufn" / "checkpoints").iterdir())
+    files = TableFiles(uri)
+    assert files.dataset().validate() is None
+    assert files.names("_gpufn/checkpoints") == []
     # The files the killed refresh wrote and never committed are gone; every version still reads.
     # (Lance's own temporary file of the write in flight, data/.tmp*, is left to Lance's
     # cleanup_old_versions: other writers' temporary files look the same.)
-    dataset = lance.dataset(uri)
+    dataset = files.dataset()
     referenced = {f.path for v in dataset.versions()
-                  for fragment in lance.dataset(uri, version=v["version"]).get_fragments()
+                  for fragment in files.dataset(v["version"]).get_fragments()
                   for f in fragment.metadata.files}
-    assert {p.name for p in (Path(uri) / "data").iterdir() if not p.name.startswith(".tmp")} <= referenced
+    assert {name for name in files.names("data") if not name.startswith(".tmp")} <= referenced
     for v in dataset.versions():
-        assert lance.dataset(uri, version=v["version"]).to_table().num_rows == 400
+        assert files.dataset(v["version"]).to_table().num_rows == 400

@@ -28,7 +28,9 @@ from lancedb.index import IvfFlat
 from gpufn_dagster import build_definitions, function_of, gpu_function, make_function, refresh_column
 from gpufn_dagster.assets import ERRORS_TABLE
 from gpufn_dagster.errors import UpstreamNotCurrent
+from gpufn_dagster.refresh.files import TableFiles
 from gpufn_dagster.resources import STABLE_ROW_IDS
+from tests.storages import STORAGES
 
 CALLS: list[object] = []
 
@@ -323,6 +325,7 @@ CONCURRENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_two_refreshes_of_one_function_at_once_compute_each_row_once(db_uri, tmp_path: Path):
     create(db_uri, docs(200), "docs")
     uri = lancedb.connect(db_uri).open_table("docs").to_lance().uri
@@ -343,21 +346,21 @@ def test_two_refreshes_of_one_function_at_once_compute_each_row_once(db_uri, tmp
     assert "WAIT waiting for the refresh of this column by run-A" in out_second
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_a_lease_left_by_a_killed_run_expires(db_uri, tmp_path: Path):
     create(db_uri, docs(50), "docs")
     uri = lancedb.connect(db_uri).open_table("docs").to_lance().uri
-    lease = Path(uri) / "_gpufn" / "leases" / "_gpufn_sig_shout.json"
-    lease.parent.mkdir(parents=True)
+    files, lease = TableFiles(uri), "_gpufn/leases/_gpufn_sig_shout/000000000007.json"
     # Held by a worker on another node that was killed: nobody renews it.
-    lease.write_text(json.dumps({"holder": "run dead", "token": "x", "host": "node-gone", "pid": 1,
-                                 "renewed_at": time.time(), "expires_at": time.time() + 3}))
+    files.write(lease, json.dumps({"holder": "run dead", "token": "x", "host": "node-gone", "pid": 1,
+                                   "renewed_at": time.time(), "expires_at": time.time() + 3}).encode())
     lines: list[str] = []
     started = time.monotonic()
     result = refresh_column(uri, make_function(shout, table="docs", column="shout"), on_wait=lines.append)
     assert result.rows_computed == 50 and 2 <= time.monotonic() - started < 60
     assert any("waiting for the refresh of this column by run dead" in line for line in lines)
     assert any("void: it expired" in line for line in lines)
-    assert not lease.exists()  # released at the end
+    assert files.names("_gpufn/leases/_gpufn_sig_shout") == []  # taken over, then released at the end
 
 
 def test_a_lease_of_a_killed_process_on_this_host_is_taken_at_once(db_uri, tmp_path: Path):
@@ -366,13 +369,69 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_at_once(db_uri, tmp_p
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     os.kill(sleeper.pid, signal.SIGKILL)
     sleeper.wait()
-    lease = Path(uri) / "_gpufn" / "leases" / "_gpufn_sig_shout.json"
-    lease.parent.mkdir(parents=True)
-    lease.write_text(json.dumps({"holder": "run killed", "token": "x", "host": os.uname().nodename,
-                                 "pid": sleeper.pid, "renewed_at": time.time(), "expires_at": time.time() + 600}))
+    TableFiles(uri).write("_gpufn/leases/_gpufn_sig_shout/000000000001.json", json.dumps(
+        {"holder": "run killed", "token": "x", "host": os.uname().nodename, "pid": sleeper.pid,
+         "renewed_at": time.time(), "expires_at": time.time() + 600}).encode())
     lines: list[str] = []
     result = refresh_column(uri, make_function(shout, table="docs", column="shout"), on_wait=lines.append)
     assert result.rows_computed == 20 and any("its process is gone" in line for line in lines)
+
+
+# 8b. Different Functions and a user's append, all at once, on either storage ------------------
+
+RACING = textwrap.dedent("""
+    import os, sys, time
+    from gpufn_dagster import make_function, refresh_column
+    uri, column, started, go = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    def compute(text: str) -> str:
+        with open(started, "a") as log:
+            log.write(text + "\\n")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.02)  # computing while the other refresh and the user's appends go on
+        return f"{column}:{text}"
+    fn = make_function(compute, table="docs", column=column, batch_size=50, version="v1")
+    result = refresh_column(uri, fn, concurrency=2)
+    print("COMPUTED", result.rows_computed, "VERSION", result.version_after, flush=True)
+""")
+
+
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
+def test_two_functions_and_an_append_at_once_lose_nothing(db_uri, tmp_path: Path):
+    """Lance commits race on the table's storage (conditional writes on S3): two refreshes of
+    different Functions and a user's appends all land, and nothing computed is lost."""
+    table = create(db_uri, docs(200), "docs")
+    table.add(docs(200, start=200))  # two fragments
+    uri = table.to_lance().uri
+    script, go = tmp_path / "race.py", tmp_path / "go"
+    script.write_text(RACING)
+    started = {column: tmp_path / f"{column}-started" for column in ("left", "right")}
+    refreshes = {column: subprocess.Popen([sys.executable, str(script), uri, column, str(started[column]), str(go)],
+                                          stdout=subprocess.PIPE, text=True) for column in started}
+    deadline = time.monotonic() + 120
+    while not all(path.exists() for path in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # both refreshes planned and are computing
+    for start in range(1000, 1100, 20):
+        lancedb.connect(db_uri).open_table("docs").add(docs(20, start=start))  # five commits meanwhile
+    go.touch()
+    outputs = {column: process.communicate(timeout=300)[0] for column, process in refreshes.items()}
+    assert all(process.returncode == 0 for process in refreshes.values()), outputs
+
+    rows = lance.dataset(uri).to_table(columns=["id", "text", "left", "right"]).to_pylist()
+    assert sorted(r["id"] for r in rows) == [*range(400), *range(1000, 1100)]  # every appended row kept
+    for column, path in started.items():
+        calls = path.read_text().splitlines()
+        assert len(calls) == len(set(calls)), f"{column}: a row was computed twice"
+        # A refresh whose commit raced a schema change re-plans and may fill appended rows too; every
+        # value it computed landed, and every row it did not compute is NULL (filled next time).
+        assert {r["text"] for r in rows if r[column] is not None} == set(calls)
+        assert all(r[column] == f"{column}:{r['text']}" for r in rows if r[column] is not None)
+        assert all(r[column] is not None for r in rows if r["id"] < 1000)
+    messages = [(t.transaction_properties or {}).get("__lance_commit_message", "")
+                for t in TableFiles(uri).dataset().get_transactions() if t is not None]
+    # Each refresh committed its column once, over every fragment it computed.
+    assert sum("gpufn refresh docs__left " in m for m in messages) == 1
+    assert sum("gpufn refresh docs__right " in m for m in messages) == 1
 
 
 # 9. The version covers the code a Function calls ----------------------------------------------
@@ -431,6 +490,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_files_a_killed_refresh_wrote_are_removed_by_the_next_one(db_uri, tmp_path: Path):
     table = create(db_uri, docs(100), "docs")
     for start in range(100, 400, 100):
@@ -444,15 +504,16 @@ def test_files_a_killed_refresh_wrote_are_removed_by_the_next_one(db_uri, tmp_pa
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    written_before = {p.name for p in (Path(uri) / "data").glob("gpufn-*.lance")}
+    files = TableFiles(uri)
+    written_before = {name for name in files.names("data") if name.startswith("gpufn-")}
     assert len(written_before) >= 2  # the two fragments it finished
     lancedb.connect(db_uri).open_table("docs").delete("id = 5")  # fragment 0 changed: its file is now useless
     subprocess.run([sys.executable, str(script), uri, str(log)], check=True)
 
-    dataset = lance.dataset(uri)
-    referenced = {f.path for v in dataset.versions() for fragment in lance.dataset(uri, version=v["version"])
-                  .get_fragments() for f in fragment.metadata.files}
-    left = {p.name for p in (Path(uri) / "data").iterdir() if not p.name.startswith(".tmp")} - referenced
+    dataset = files.dataset()
+    referenced = {f.path for v in dataset.versions() for fragment in files.dataset(v["version"]).get_fragments()
+                  for f in fragment.metadata.files}
+    left = {name for name in files.names("data") if not name.startswith(".tmp")} - referenced
     assert left == set(), left
     assert dataset.count_rows("shout IS NULL") == 0 and dataset.count_rows() == 399
-    assert not any((Path(uri) / "_gpufn" / "written").rglob("*.lance"))
+    assert files.names("_gpufn/written") == []

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from dagster._core.test_utils import instance_for_test
 
+from tests.storages import STORAGES
 from gpufn_dagster import build_definitions, gpu_function
 from gpufn_dagster.checks import function_checks
 from gpufn_dagster.resources import STABLE_ROW_IDS, LanceDBResource
@@ -46,6 +47,7 @@ def evaluate(sensor: dg.SensorDefinition, instance, db_uri: str, cursor: str | N
     return sensor.evaluate_tick(context)
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_sensor_requests_one_run_per_new_version_and_skips_its_own_refreshes(db_uri, upper_asset):
     add_docs(db_uri, 0, 10)
     sensor = table_sensor("docs", [upper_asset])
@@ -153,6 +155,7 @@ def test_schedule_requests_a_run_of_its_functions_with_class_tags(upper_asset):
     assert defs.resolve_implicit_global_asset_job_def() is not None and request is not None
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_asset_checks_report_unfilled_and_failed_rows(db_uri):
     add_docs(db_uri, 0, 30)
     asset = gpu_function(table="docs", column="maybe", on_error="skip")(flaky)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dagster as dg
 import lancedb
 import pyarrow as pa
+import pytest
 
 from gpufn_dagster import TableNotFound, build_definitions, gpu_function, materialized_view_asset
 from gpufn_dagster.resources import STABLE_ROW_IDS
+from tests.storages import STORAGES
 
 CALLS: list[str] = []
 
@@ -46,6 +48,7 @@ def test_view_refreshes_incrementally(db_uri):
     assert meta["dagster/row_count"] == 54
 
 
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
 def test_function_on_view_computes_only_rows_new_to_the_view(db_uri):
     add_rows(db_uri, 0, 100)
     view = materialized_view_asset("src_en", source="src", select=["id", "text"], where="lang = 'en'")

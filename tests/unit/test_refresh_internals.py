@@ -14,6 +14,7 @@ from gpufn_dagster import make_function, refresh_column
 from gpufn_dagster.arrow_types import parse_arrow_type
 from gpufn_dagster.k8s_syntax import parse_quantity
 from gpufn_dagster.refresh.columns import ensure_columns
+from gpufn_dagster.refresh.files import TableFiles
 from gpufn_dagster.refresh.plan import plan_fragments
 from gpufn_dagster.refresh.signature import FAILED, row_signatures
 from gpufn_dagster.refresh.write import align_to_physical
@@ -56,7 +57,7 @@ def test_planning_visits_only_fragments_whose_output_is_missing_or_stale(tmp_pat
     lance.write_dataset(pa.table({"x": [1.0, 2.0]}), uri)
     lance.write_dataset(pa.table({"x": [3.0]}), uri, mode="append")
     function = make_function(ident, table="t", column="y")
-    assert [w.reason for w in plan_fragments(ensure_columns(uri, function), function)] == ["new", "new"]
+    assert [w.reason for w in plan_fragments(ensure_columns(TableFiles(uri), function), function)] == ["new", "new"]
     refresh_column(uri, function)
     assert plan_fragments(lance.dataset(uri), function) == []
     lance.write_dataset(pa.table({"x": [4.0]}), uri, mode="append")
@@ -65,7 +66,7 @@ def test_planning_visits_only_fragments_whose_output_is_missing_or_stale(tmp_pat
     assert [(w.fragment_id, w.reason, w.live_rows) for w in work] == [(dataset.get_fragments()[-1].fragment_id, "new", 1)]
     refresh_column(uri, function)
     pinned = make_function(ident, table="t", column="y", version="2")
-    assert [w.reason for w in plan_fragments(ensure_columns(uri, pinned), pinned)] == ["stale", "stale", "stale"]
+    assert [w.reason for w in plan_fragments(ensure_columns(TableFiles(uri), pinned), pinned)] == ["stale", "stale", "stale"]
 
 
 @pytest.mark.parametrize(("name", "expected"), [

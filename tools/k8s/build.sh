@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-# kwok) from the Go modules pinned beside this script, into a cache directory keyed by those pins.
+# kwok) and the S3-compatible object store (SeaweedFS `weed`) from the Go modules pinned beside this script, into a cache directory keyed by those pins.
 # A warm cache makes this a no-op. Prints the directory holding the binaries on its last line.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 kube_version="$(sed -n 's/^require k8s.io\/kubernetes v\(.*\)$/\1/p' "$here/kube/go.mod")"
 key="$(cat "$here"/*/go.mod "$here"/*/go.sum "$0" | sha256sum | cut -c1-12)"
 out="${GPUFN_K8S_CACHE:-$HOME/.cache/gpufn-k8s}/$kube_version-$key"
-bins=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok)
+bins=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok weed)
 missing=0
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || missing=1; done
 if [ "$missing" = 1 ]; then
@@ -16,9 +16,10 @@ if [ "$missing" = 1 ]; then
   minor="${kube_version#*.}"; minor="${minor%%.*}"
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$kube_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
   start=$SECONDS
-  echo "building etcd, kwok and Kubernetes v$kube_version control plane into $out (cold: ~7 min on 2 cores)" >&2
+  echo "building etcd, kwok, SeaweedFS and Kubernetes v$kube_version control plane into $out (cold: ~11 min on 2 cores)" >&2
   (cd "$here/etcd" && go build -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3)
   (cd "$here/kwok" && go build -ldflags "-s -w" -o "$out.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  (cd "$here/seaweedfs" && go build -ldflags "-s -w" -o "$out.tmp/weed" github.com/seaweedfs/seaweedfs/weed)
   (cd "$here/kube" && go build -ldflags "$ldflags" -o "$out.tmp/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
   rm -rf "$out" && mv "$out.tmp" "$out"
