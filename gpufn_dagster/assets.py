@@ -9,38 +9,24 @@ the asset and no registry outside the definitions can go stale or be silently re
 """
 
 import json
-import os
 from collections.abc import Callable
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pyarrow as pa
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
 from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir
 from .errors import FunctionDefinitionError
+from .fanout_asset import fanout_asset
 from .functions import Function, make_function
 from .options import document_options
-from .refresh.engine import Progress, RefreshResult, refresh_column
+from .refresh.engine import Progress, refresh_column
+from .asset_spec import reads
+from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
 from .run.placement import Placement, placement_k8s_config
-from .run.shared import RunKind
-from .run.slots import local_slot
-from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, PLACEMENT_TAG,
-                   READS_METADATA_KEY, gpu_pool, gpu_tags)
-
-ERRORS_TABLE = "gpufn_errors"
-# One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
-# `retried` says the row had failed in an earlier refresh.
-ERRORS_SCHEMA = pa.schema([
-    ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
-    ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()),
-    ("error", pa.string()), ("traceback", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
-    ("retried", pa.bool_()), ("outcome", pa.string()),
-])
-
+from .run.slots import step_slot
+from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, gpu_pool, gpu_tags)
 
 def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClass:
     """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
@@ -59,62 +45,6 @@ def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClas
     return gpu_class
 
 
-def _record_errors(lancedb: LanceDBResource, function: Function, result: RefreshResult, run_id: str) -> None:
-    if not result.errors and not result.recovered:
-        return
-    now = datetime.now(timezone.utc)
-    common = {"function": function.name, "table": function.table, "columns": ",".join(function.columns),
-              "function_version": function.version, "run_id": run_id, "recorded_at": now}
-    rows = pa.Table.from_pylist(
-        [{**common, "row_address": e.row_address, "error": e.error, "traceback": e.traceback, "retried": e.retried,
-          "outcome": "failed"} for e in result.errors]
-        + [{**common, "row_address": address, "retried": True, "outcome": "succeeded"} for address in result.recovered],
-        schema=ERRORS_SCHEMA)
-    db = lancedb.connect()
-    table = db.create_table(ERRORS_TABLE, schema=ERRORS_SCHEMA, exist_ok=True)
-    missing = [f for f in ERRORS_SCHEMA if f.name not in table.schema.names]
-    if missing:  # a table written by an earlier release: add the new columns (NULL for old rows)
-        table.add_columns(missing)
-    table.add(rows)
-
-
-def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult) -> dict[str, Any]:
-    """What each materialization reports, as Dagster metadata."""
-    gpu_seconds = result.wall_seconds * function.gpu_count
-    metadata: dict[str, Any] = {
-        "rows_computed": result.rows_computed,
-        "rows_failed": result.rows_failed,
-        "rows_retried_ok": len(result.recovered),
-        "rows_checked": result.rows_checked,
-        "fragments_visited": f"{result.fragments_visited}/{result.fragments_total}",
-        "fragments_rewritten": result.fragments_rewritten,
-        "table_version_before": result.version_before,
-        "table_version_after": result.version_after,
-        "function_version": result.function_version,
-        "wall_seconds": dg.FloatMetadataValue(round(result.wall_seconds, 3)),
-        "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
-        "dagster/row_count": result.rows_total,
-    }
-    if result.load_seconds >= 0.05:
-        metadata["load_seconds"] = dg.FloatMetadataValue(round(result.load_seconds, 2))
-    if result.first_values_seconds is not None:
-        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(result.first_values_seconds, 2))
-        metadata["busy_fraction"] = dg.FloatMetadataValue(round(result.busy_fraction, 3))
-        metadata["batch_rows_largest"] = result.batch_rows_largest
-    if result.oom_splits:
-        metadata["oom_splits"] = result.oom_splits
-        metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
-    metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
-    if result.lease_wait_seconds >= 0.5:
-        metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
-    if function.gpu_count and gpu_class is not None:
-        metadata["gpu_class"] = gpu_class.name
-        metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
-        if gpu_class.price_per_gpu_hour is not None:
-            metadata["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
-    return metadata
-
-
 def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, Any]:
     """What the asset page shows about the Function, plus the spec itself under its key."""
     return {
@@ -126,6 +56,7 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
         "batch_size": (f"{function.batch_size}, adapting up to {function.max_batch_size}"
                        if function.adapt_batch_size else f"{function.batch_size} (pinned)"),
         "on_error": function.on_error,
+        **({"workers": function.workers} if function.workers > 1 else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
         **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),
         FUNCTION_METADATA_KEY: ObjectMetadataValue(function),
@@ -135,16 +66,8 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
                  gpu_class: GpuClass | None) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
-    if gpu_class is not None and context.run.tags.get(PLACEMENT_TAG) == RunKind.LOCAL.value:
-        # Embedded mode: the pool let this step start; hold one of the class's slots, and its device.
-        lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
-        with local_slot(gpu_class, lock_dir, on_wait=context.log.warning) as (slot, device):
-            if device is not None:
-                os.environ["CUDA_VISIBLE_DEVICES"] = device
-            context.log.info(f"local GPU slot {slot} of class {gpu_class.name!r}"
-                             + (f", CUDA_VISIBLE_DEVICES={device}" if device is not None else ""))
-            return _refresh_once(context, lancedb, function, gpu_class)
-    return _refresh_once(context, lancedb, function, gpu_class)
+    with step_slot(context, gpu_class):
+        return _refresh_once(context, lancedb, function, gpu_class)
 
 
 def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
@@ -158,7 +81,7 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     result = refresh_column(lancedb.table_files(function.table).uri, function, report=report,
                             upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
                             on_wait=context.log.info, storage_options=lancedb.storage_options)
-    _record_errors(lancedb, function, result, context.run.run_id)
+    record_errors(lancedb, function, result, context.run.run_id)
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 
 
@@ -179,6 +102,11 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
         # For k8s_job_executor: each step pod of this Function gets its class's placement.
         op_tags[K8S_CONFIG_TAG] = json.dumps(placement_k8s_config(Placement(gpu_class, function.gpu_count)))
 
+    pool = gpu_pool(function.gpu_class) if function.gpu else None
+    if function.workers > 1:
+        return fanout_asset(function, gpu_class, tags=tags, op_tags=op_tags, pool=pool,
+                            metadata=_asset_metadata(function, declared_in))
+
     @dg.asset(
         name=function.name,
         deps=[dg.AssetKey(function.source_asset)],
@@ -186,7 +114,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
         op_tags=op_tags,
         kinds={"lance", "gpu" if function.gpu else "cpu"},
         # Embedded mode: a GPU step claims a slot of its class's pool, limited to `local.slots`.
-        pool=gpu_pool(function.gpu_class) if function.gpu else None,
+        pool=pool,
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,
@@ -215,6 +143,7 @@ def gpu_function(**options: Any) -> Callable[[Any], dg.AssetsDefinition]:
         ...               gpu_class="l4", batch_size=256)
         ... def embed(text: pa.Array) -> pa.Array:
         ...     return pa.array([[float(len(t)), 0.0] for t in text.to_pylist()], pa.list_(pa.float32(), 2))
+        >>> from gpufn_dagster import function_of
         >>> embed.key.to_user_string(), embed.op.tags["gpufn/gpu-class"], function_of(embed).batch_size
         ('docs__embedding', 'l4', 256)
     """
@@ -223,33 +152,3 @@ def gpu_function(**options: Any) -> Callable[[Any], dg.AssetsDefinition]:
         return function_asset(make_function(target, **options), classes_dir=options.get("classes_dir"))
 
     return decorate
-
-
-def _spec_metadata(asset: dg.AssetsDefinition | dg.AssetSpec) -> Any:
-    if isinstance(asset, dg.AssetSpec):
-        return asset.metadata
-    if len(asset.keys) != 1:
-        return {}
-    return asset.specs_by_key[asset.key].metadata
-
-
-def function_of(asset: dg.AssetsDefinition | dg.AssetSpec) -> Function | None:
-    """The Function behind an asset made by `gpu_function` (None for any other asset).
-
-    It is read from the asset's metadata, so it survives Dagster's copies of the asset
-    (`map_asset_specs`, `Definitions.merge`) and cannot be replaced behind the asset's back.
-    """
-    value = _spec_metadata(asset).get(FUNCTION_METADATA_KEY)
-    return value.instance if isinstance(value, ObjectMetadataValue) else None
-
-
-def reads(asset: dg.AssetsDefinition) -> tuple[Function, ...]:
-    """The Functions whose output columns this Function asset reads (recorded by `build_definitions`)."""
-    value = _spec_metadata(asset).get(READS_METADATA_KEY)
-    return value.instance if isinstance(value, ObjectMetadataValue) else ()
-
-
-def declared_in(asset: dg.AssetsDefinition) -> str | None:
-    """The YAML file that declared a Function asset, None when it was declared in Python."""
-    value = _spec_metadata(asset).get(DECLARED_IN_METADATA_KEY)
-    return getattr(value, "value", value)

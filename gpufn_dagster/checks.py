@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from .assets import function_of
+from .asset_spec import function_of
 from .errors import FunctionDefinitionError
 from .refresh.signature import FAILED
 from .resources import LanceDBResource

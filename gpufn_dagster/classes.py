@@ -172,6 +172,7 @@ class GpuClass(_Strict):
     memory: str | None = None
     price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     max_wait: Duration | None = None
+    max_gpus_per_refresh: int | None = Field(default=None, ge=1)  # the most GPUs one refresh holds at once
     local: LocalSlots = Field(default_factory=LocalSlots)
     description: str | None = None
 
@@ -224,6 +225,7 @@ class GpuClass(_Strict):
             "node_selector": dict(self.node_selector),
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "max_wait_seconds": self.max_wait.total_seconds() if self.max_wait else None,
+            "max_gpus_per_refresh": self.max_gpus_per_refresh,
             "local_slots": self.local.slots,
         }
 

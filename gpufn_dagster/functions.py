@@ -89,6 +89,8 @@ class Function:
     checkpoint_seconds: float = 10.0
     max_batch_size: int = 4096
     adapt_batch_size: bool = True
+    workers: int = 1  # GPU workers (shards) one refresh spreads over
+    max_gpus: int | None = None  # the most GPUs one refresh holds at once
 
     @property
     def sig_column(self) -> str:
@@ -209,6 +211,11 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
             f"got {options.max_batch_size}")
     if options.gpu_count < 0:
         raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+    if options.workers < 1:
+        raise FunctionDefinitionError(f"{label}: field 'workers': must be at least 1, got {options.workers}")
+    if options.max_gpus is not None and options.max_gpus < max(options.gpu_count, 1):
+        raise FunctionDefinitionError(f"{label}: field 'max_gpus': must be at least gpu_count "
+                                      f"({max(options.gpu_count, 1)}), got {options.max_gpus}")
 
 
 def _call_style(label: str, params: list[inspect.Parameter], annotations: list[Any],
@@ -318,4 +325,6 @@ def make_function(target: Any, **options: Any) -> Function:
         checkpoint_seconds=opts.checkpoint_seconds,
         max_batch_size=opts.max_batch_size or max(MAX_BATCH_SIZE, opts.batch_size),
         adapt_batch_size=opts.adapt_batch_size,
+        workers=opts.workers,
+        max_gpus=opts.max_gpus,
     )

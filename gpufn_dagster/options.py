@@ -73,6 +73,13 @@ class FunctionOptions(dg.Resolvable):
     version: Annotated[str | None, _described(
         "Pin the Function version (e.g. a release name); by default a digest of its code and of the project "
         "code and constants it references, so editing them recomputes.")] = None
+    workers: Annotated[int, _described(
+        "GPU workers one refresh spreads over: the stale rows are split into this many shards balanced by rows, "
+        "each computed by its own step (its own pod on Kubernetes, its own local slot embedded), and committed "
+        "once. The Launchpad's run config can set it per run (ops: <name>: ops: plan: config: workers).")] = 1
+    max_gpus: Annotated[int | None, _described(
+        "The most GPUs one refresh may hold at once (workers x gpu_count); fewer workers start when it is "
+        "lower. The class's max_gpus_per_refresh caps it too.")] = None
     checkpoint_seconds: Annotated[float, _described(
         "How much work a killed refresh may repeat, in seconds (0: checkpoint every batch).")] = 10.0
     classes_dir: Annotated[str | None, _described(

@@ -22,6 +22,8 @@ GPU_CLASS_TAG = PREFIX + "gpu-class"
 GPU_COUNT_TAG = PREFIX + "gpu-count"
 # On runs: how the launcher placed the run (`PlacementKind`, or "rejected").
 PLACEMENT_TAG = PREFIX + "placement"
+# On the shard op of a refresh spread over several workers: each shard is a step with its own GPU worker.
+SHARD_TAG = PREFIX + "shard"
 PLACEMENT_REJECTED = "rejected"
 # On runs waiting for, or holding, GPU capacity.
 CAPACITY_TAG = PREFIX + "capacity"

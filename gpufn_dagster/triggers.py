@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import dagster as dg
 import lance
 
-from .assets import function_of
+from .asset_spec import function_of
 from .errors import FunctionDefinitionError
 from .resources import LanceDBResource
 from .tags import TABLE_TAG, TABLE_VERSION_TAG, UNFILLED_ROWS_TAG, gpu_tags

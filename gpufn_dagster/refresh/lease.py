@@ -13,6 +13,10 @@ atomic step every store offers (`TableFiles.create`: write only if the name is f
 is whoever created the highest generation. Taking over a void lease means creating the next
 generation, which only one taker can win; the winner removes the older ones. A holder whose
 generation is gone or no longer the highest has lost the lease and must not commit.
+
+A refresh spread over several steps (`fanout`: plan, shards, commit, in different processes or
+pods) holds one lease under one token, its run id: each step adopts the generation its plan
+created, renews it while it runs, and leaves it (`keep`) for the next; the commit releases it.
 """
 
 from __future__ import annotations
@@ -40,11 +44,13 @@ class ColumnLease:
     """The right to refresh one Function column; use as a context manager."""
 
     def __init__(self, files: TableFiles, sig_column: str, holder: str, *, ttl: float = DEFAULT_TTL,
-                 on_wait: Callable[[str], None] | None = None, poll: float = 0.5, report_every: float = 10.0):
+                 on_wait: Callable[[str], None] | None = None, poll: float = 0.5, report_every: float = 10.0,
+                 token: str | None = None, keep: bool = False):
         self.files = files
         self.dir = f"_gpufn/leases/{sig_column}"
         self.holder, self.ttl, self.on_wait, self.poll, self.report_every = holder, ttl, on_wait, poll, report_every
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex
+        self.keep = keep  # on release, leave the lease to the next step of the same refresh
         self.generation: int | None = None
         self.waited = 0.0
         self._stop = threading.Event()
@@ -57,7 +63,8 @@ class ColumnLease:
     def _record(self) -> bytes:
         now = time.time()
         return json.dumps({"holder": self.holder, "token": self.token, "host": socket.gethostname(),
-                           "pid": os.getpid(), "renewed_at": now, "expires_at": now + self.ttl}).encode()
+                           # A lease kept across a refresh's steps outlives each step's process: no pid to check.
+                           "pid": None if self.keep else os.getpid(), "renewed_at": now, "expires_at": now + self.ttl}).encode()
 
     def _generations(self) -> list[int]:
         return sorted(int(n.removesuffix(".json")) for n in self.files.names(self.dir)
@@ -79,7 +86,7 @@ class ColumnLease:
             os.kill(int(current["pid"]), 0)
         except ProcessLookupError:
             return True
-        except (PermissionError, ValueError, KeyError):
+        except (PermissionError, ValueError, KeyError, TypeError):
             return False
         return False
 
@@ -114,6 +121,10 @@ class ColumnLease:
             if current is None:  # released and removed, or not yet readable: look again
                 time.sleep(self.poll / 5)
                 continue
+            if current.get("token") == self.token:  # an earlier step of this refresh holds it: adopt it
+                self.generation = top
+                self.files.write(self._name(top), self._record())
+                break
             why = self._void(current)
             if why is not None:
                 if self.on_wait:
@@ -157,7 +168,7 @@ class ColumnLease:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
-        if self.generation is not None and self._still_held():
+        if self.generation is not None and not self.keep and self._still_held():
             self.files.delete(self._name(self.generation))
 
     def __enter__(self) -> ColumnLease:

@@ -25,11 +25,22 @@ READ_ROWS = 1024  # rows read at once (or the first call's size when larger)
 READ_WINDOW_BYTES = 16 << 20  # the most data one scan window covers
 
 
+def live_offset(fragment: lance.LanceFragment, physical: int) -> int:
+    """How many live rows come before physical row `physical`: where a scan starting there begins
+    (scans count offsets in live rows). Reads only the row addresses, and only when rows were deleted."""
+    if physical <= 0:
+        return 0
+    if fragment.metadata.deletion_file is None:
+        return min(physical, fragment.metadata.physical_rows)
+    addresses = fragment.scanner(columns=[], with_row_address=True).to_table().column(ADDRESS).to_numpy()
+    return int(np.searchsorted(addresses & 0xFFFFFFFF, physical))
+
+
 def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: int,
-                 stop: threading.Event) -> Iterator[pa.RecordBatch]:
-    """The fragment's live rows with their row addresses, in reads of `read_rows`, window by window;
-    raises RefreshStopped once `stop` is set."""
-    window, offset = read_rows, 0
+                 stop: threading.Event, offset: int = 0) -> Iterator[pa.RecordBatch]:
+    """The fragment's live rows from live row `offset` on, with their row addresses, in reads of
+    `read_rows`, window by window; raises RefreshStopped once `stop` is set."""
+    window = read_rows
     while True:
         got = nbytes = 0
         for batch in fragment.scanner(columns=columns, batch_size=read_rows, with_row_address=True,
@@ -45,28 +56,32 @@ def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_ro
         window = max(read_rows, min(window * 4, int(READ_WINDOW_BYTES * got / max(nbytes, 1))))
 
 
-def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], resume_at: int,
-              skipped: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
-    """The rows from physical offset `resume_at` on, in calls of `call_rows()` rows (asked anew for
-    each call); `skipped` is told how many rows before `resume_at` were passed over."""
+def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], start: int = 0,
+              end: int | None = None) -> Iterator[pa.RecordBatch]:
+    """The rows at physical offsets [start, end) in calls of `call_rows()` rows (asked anew for each call).
+
+    >>> reads = iter([pa.record_batch({ADDRESS: pa.array(range(10), pa.uint64())})])
+    >>> [c.column(ADDRESS).to_pylist() for c in cut_calls(reads, lambda: 3, start=2, end=8)]
+    [[2, 3, 4], [5, 6, 7]]
+    """
     buffered: deque[pa.RecordBatch] = deque()
     rows = 0
     for batch in reads:
-        if resume_at and batch.num_rows:
-            offsets = batch.column(ADDRESS).to_numpy() & 0xFFFFFFFF
-            passed = int(np.searchsorted(offsets, resume_at))
-            skipped(passed)
-            batch = batch.slice(passed)
-            if passed < len(offsets):
-                resume_at = 0
         if not batch.num_rows:
             continue
-        buffered.append(batch)
-        rows += batch.num_rows
+        offsets = batch.column(ADDRESS).to_numpy() & 0xFFFFFFFF
+        first = int(np.searchsorted(offsets, start)) if offsets[0] < start else 0
+        last = int(np.searchsorted(offsets, end)) if end is not None and offsets[-1] >= end else len(offsets)
+        batch = batch.slice(first, last - first)
+        if batch.num_rows:
+            buffered.append(batch)
+            rows += batch.num_rows
         while rows >= call_rows():
             call = _take(buffered, call_rows())
             rows -= call.num_rows
             yield call
+        if last < len(offsets):
+            break  # past the end: read no further
     if rows:
         yield _take(buffered, rows)
 

@@ -16,6 +16,7 @@ the Kubernetes client.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,8 @@ from dagster._core.executor.base import Executor
 from dagster._core.executor.init import InitExecutorContext
 from dagster._core.executor.multiprocess import MultiprocessExecutor
 
+from ..classes import cached_gpu_classes
+from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG
 from .shared import STEP_PODS_FIELD, RunKind
 
@@ -57,6 +60,17 @@ def step_pods_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(result.value or {})
 
 
+def local_step_limit() -> int:
+    """Steps at once in the worker's processes: its CPUs for CPU steps, plus the local GPU slots of
+    every class, since a GPU step mostly waits for its device (each class's pool caps its own steps).
+    A refresh spread over 8 workers then runs on 8 GPUs of a workstation with fewer cores."""
+    try:
+        slots = sum(c.local.slots for c in cached_gpu_classes(None).values())
+    except GpufnError:  # no class directory here: Dagster's default
+        slots = 0
+    return (os.cpu_count() or 1) + slots
+
+
 class GpuClassesExecutor(Executor):
     """Steps in the worker's processes, or in their own pods for a run placed per step."""
 
@@ -64,7 +78,7 @@ class GpuClassesExecutor(Executor):
         self._init_context = init_context
         config = init_context.executor_config
         self._local = MultiprocessExecutor(retries=RetryMode.from_config(config["retries"]),
-                                           max_concurrent=config.get("max_concurrent"),
+                                           max_concurrent=config.get("max_concurrent") or local_step_limit(),
                                            tag_concurrency_limits=config.get("tag_concurrency_limits"))
 
     @property
@@ -88,7 +102,8 @@ class GpuClassesExecutor(Executor):
     name="gpufn",
     config_schema={
         "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, description=(
-            "Steps at once: processes of the run worker (default: its CPU count), or step pods.")),
+            "Steps at once: processes of the run worker (default: its CPU count plus every class's local GPU "
+            "slots), or step pods.")),
         "tag_concurrency_limits": get_tag_concurrency_limits_config(),
         "retries": get_retries_config(),
         STEP_PODS_FIELD: dg.Field(dg.Permissive(), default_value={}, description=(

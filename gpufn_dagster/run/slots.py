@@ -14,8 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..classes import GpuClass
+from ..tags import PLACEMENT_TAG
+from .shared import RunKind
 
 
 @contextmanager
@@ -57,3 +60,23 @@ def local_slot(gpu_class: GpuClass, lock_dir: Path, on_wait: Callable[[str], Non
             on_wait(f"all {slots} local slot(s) of GPU class {gpu_class.name!r} are held by other steps on this "
                     f"machine (pid {os.getpid()} waited {reported - started:.0f}s so far)")
         time.sleep(poll_seconds)
+
+
+@contextmanager
+def step_slot(context: Any, gpu_class: GpuClass | None) -> Iterator[None]:
+    """Embedded mode: hold one of the class's local slots (and its device) while a GPU step runs.
+
+    The pool let the step start; the slot says which device it uses (CUDA_VISIBLE_DEVICES), in
+    the step's own process. Outside the embedded coordinator (Kubernetes, `materialize`) nothing
+    is held: the pod was given its GPUs.
+    """
+    if gpu_class is None or context.run.tags.get(PLACEMENT_TAG) != RunKind.LOCAL.value:
+        yield
+        return
+    lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
+    with local_slot(gpu_class, lock_dir, on_wait=context.log.warning) as (slot, device):
+        if device is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = device
+        context.log.info(f"local GPU slot {slot} of class {gpu_class.name!r}"
+                         + (f", CUDA_VISIBLE_DEVICES={device}" if device is not None else ""))
+        yield

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from gpufn_dagster import FunctionDefinitionError, build_definitions, gpu_function, make_function, refresh_column
-from gpufn_dagster.assets import ERRORS_TABLE
+from gpufn_dagster.reporting import ERRORS_TABLE
 from gpufn_dagster.errors import CommitRefused
 from gpufn_dagster.resources import STABLE_ROW_IDS
 

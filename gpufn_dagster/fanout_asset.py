@@ -1,0 +1,173 @@
+"""A Function whose refresh spreads over several GPU workers, as one Dagster asset.
+
+The asset is a graph of three ops (`refresh.fanout` does the work):
+
+    <name>_plan  -- CPU: the lease, the columns, the plan and its shards (a dynamic output)
+    <name>_shard -- one step per shard, on the Function's GPU class: computes its rows
+    <name>_commit -- CPU: joins the shards' files and commits once; the asset's metadata
+
+so the UI shows every shard as a step, with its rows, its progress in its log and its placement.
+The shard op carries the class's tags, pool and pod placement like a one-worker Function's op:
+with `k8s_job_executor` (or gpufn's executor, which gives a fanned-out run step pods) each shard
+is a pod on the class's node pool, embedded each holds a local slot of the class. A shard that
+dies is retried (`RetryPolicy`, up to `SHARD_RETRIES`) and resumes from its checkpoints; one that
+keeps failing fails the run, and nothing is committed.
+
+`workers` is the op config of the plan step, so the Launchpad sets it per run:
+`ops: {<name>: {ops: {<name>_plan: {config: {workers: 8}}}}}`.
+"""
+
+
+from typing import Any
+
+import dagster as dg
+
+from .asset_spec import reads
+from .classes import GpuClass
+from .functions import Function
+from .refresh.engine import refresh_column
+from .refresh.fanout import RefreshPlan, ShardResult, compute_shard, plan_refresh
+from .refresh.progress import Progress
+from .refresh.shards import Shard
+from .reporting import record_errors, refresh_metadata
+from .resources import LanceDBResource
+from .run.slots import step_slot
+from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager
+from .tags import GPU_COUNT_TAG, SHARD_TAG
+
+SHARD_RETRIES = 3
+
+
+def _token(context: dg.OpExecutionContext) -> str:
+    """Who holds the refresh's lease across its steps: the run, or the run it re-executes."""
+    return context.run.root_run_id or context.run.run_id
+
+
+def _plan_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinition:
+    @dg.op(
+        name=f"{function.name}_plan",
+        ins={"source": dg.In(dg.Nothing)},
+        out={"shards": dg.DynamicOut(Shard, io_manager_key=STEP_OUTPUTS_KEY),
+             "plan": dg.Out(RefreshPlan, io_manager_key=STEP_OUTPUTS_KEY)},
+        config_schema={"workers": dg.Field(int, default_value=function.workers,
+                                           description="GPU workers this refresh spreads over (at least 1).")},
+        tags={GPU_COUNT_TAG: "0"},
+        description=f"Plan the refresh of {function.name} and split it into shards.",
+    )
+    def plan(context: dg.OpExecutionContext, lancedb: LanceDBResource):
+        workers = int(context.op_config["workers"])
+        if workers < 1:
+            raise dg.Failure(f"Function {function.name!r}: run config 'workers': must be at least 1, got {workers}")
+        planned = plan_refresh(
+            lancedb.table_files(function.table).uri, function, workers=workers, lease_token=_token(context),
+            gpu_budget=gpu_class.max_gpus_per_refresh if gpu_class else None, storage_options=lancedb.storage_options,
+            upstream=reads(context.assets_def), holder=f"run {context.run.run_id}", on_wait=context.log.info)
+        context.log.info(
+            f"{function.name}: {planned.rows:,} rows to check in {planned.fragments} fragments at table version "
+            f"{planned.read_version}, split into {len(planned.shards)} shard(s) of "
+            f"{', '.join(f'{s.rows:,}' for s in planned.shards) or 'no'} rows (workers asked {workers}"
+            + (f", GPU budget {planned.gpu_budget} allows {planned.workers}" if planned.gpu_budget else "")
+            + f"; planned in {planned.plan_seconds:.2f}s)")
+        yield dg.Output(planned, "plan")
+        for shard in planned.shards:
+            yield dg.DynamicOutput(shard, output_name="shards", mapping_key=shard.mapping_key)
+
+    return plan
+
+
+def _shard_op(function: Function, gpu_class: GpuClass | None, op_tags: dict[str, str],
+              pool: str | None) -> dg.OpDefinition:
+    @dg.op(
+        name=f"{function.name}_shard",
+        ins={"shard": dg.In(Shard), "plan": dg.In(RefreshPlan)},
+        out=dg.Out(ShardResult, io_manager_key=STEP_OUTPUTS_KEY),
+        tags={**op_tags, SHARD_TAG: function.name},
+        pool=pool,
+        retry_policy=dg.RetryPolicy(max_retries=SHARD_RETRIES, delay=1),
+        description=f"Compute one shard of {function.name} on its own GPU worker.",
+    )
+    def shard_op(context: dg.OpExecutionContext, lancedb: LanceDBResource, shard: Shard,
+                 plan: RefreshPlan) -> ShardResult:
+        name = f"{function.name} {shard.mapping_key}"
+        context.log.info(f"{name}: {shard.rows:,} rows in {len(shard.pieces)} piece(s): " + ", ".join(
+            f"fragment {p.fragment_id} rows {p.start}-{p.end}" for p in shard.pieces)
+            + (f" (attempt {context.retry_number + 1}, resuming from its checkpoints)" if context.retry_number else ""))
+
+        def report(progress: Progress) -> None:
+            context.log.info(f"{name}: {progress.line()}")
+
+        with step_slot(context, gpu_class):
+            result = compute_shard(lancedb.table_files(function.table).uri, function, shard, plan.read_version,
+                                   lease_token=_token(context), storage_options=lancedb.storage_options,
+                                   report=report, holder=f"run {context.run.run_id}", on_wait=context.log.info)
+        context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
+                                     "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
+        return result
+
+    return shard_op
+
+
+def _commit_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinition:
+    @dg.op(
+        name=f"{function.name}_commit",
+        ins={"plan": dg.In(RefreshPlan), "results": dg.In(list[ShardResult])},
+        out=dg.Out(dg.Nothing),
+        tags={GPU_COUNT_TAG: "0"},
+        description=f"Join the shards of {function.name} and commit them as one table version.",
+    )
+    def commit(context: dg.OpExecutionContext, lancedb: LanceDBResource, plan: RefreshPlan,
+               results: list[ShardResult]) -> None:
+        result = refresh_column(lancedb.table_files(function.table).uri, function, assemble_only=True,
+                                lease_token=_token(context), holder=f"run {context.run.run_id}",
+                                on_wait=context.log.info, storage_options=lancedb.storage_options)
+        record_errors(lancedb, function, result, context.run.run_id)
+        if result.fragments_left:
+            context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "
+                                "appended) and are left for the next refresh")
+        context.add_output_metadata(fanout_metadata(function, gpu_class, result, plan, results))
+        StepOutputsIOManager(lancedb=lancedb).forget_run(context.run.run_id)
+
+    return commit
+
+
+def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,
+                    shards: list[ShardResult]) -> dict[str, Any]:
+    """The one-worker figures, with GPU time summed over the shards, plus the plan and each shard."""
+    metadata = refresh_metadata(function, gpu_class, result)
+    gpu_seconds = sum(s.wall_seconds for s in shards) * function.gpu_count
+    if "gpu_seconds" in metadata:
+        metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
+        if gpu_class is not None and gpu_class.price_per_gpu_hour is not None:
+            metadata["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
+    metadata.update(plan.summary())
+    metadata["rows_computed"] = sum(s.rows_computed for s in shards)
+    metadata["fragments_left_for_next_refresh"] = result.fragments_left
+    metadata["shards"] = dg.MarkdownMetadataValue("\n".join(
+        ["| shard | rows planned | rows computed | failed | rows/s | wall s |", "| --- | --- | --- | --- | --- | --- |"]
+        + [f"| {s.index} | {s.rows_planned:,} | {s.rows_computed:,} | {s.rows_failed:,} | {s.rows_per_second:,.0f} | "
+           f"{s.wall_seconds:.1f} |" for s in sorted(shards, key=lambda s: s.index)]))
+    return metadata
+
+
+def fanout_asset(function: Function, gpu_class: GpuClass | None, *, tags: dict[str, str], op_tags: dict[str, str],
+                 pool: str | None, metadata: dict[str, Any]) -> dg.AssetsDefinition:
+    """The Function's asset as plan -> shards -> commit (see the module docstring)."""
+    plan_op, shard_op, commit_op = _plan_op(function, gpu_class), _shard_op(function, gpu_class, op_tags, pool), \
+        _commit_op(function, gpu_class)
+
+    @dg.graph_asset(
+        name=function.name,
+        ins={"source": dg.AssetIn(key=dg.AssetKey(function.source_asset), dagster_type=dg.Nothing)},
+        tags=tags,
+        kinds={"lance", "gpu" if function.gpu else "cpu"},
+        code_version=function.version,
+        description=function.description,
+        group_name=function.group_name,
+        metadata=metadata,
+    )
+    def _refresh(source):
+        planned = plan_op(source)
+        results = planned.shards.map(lambda shard: shard_op(shard, planned.plan)).collect()
+        return commit_op(planned.plan, results)
+
+    return _refresh

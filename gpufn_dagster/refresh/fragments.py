@@ -1,0 +1,431 @@
+"""Computing a fragment's new column values: the worker's pipeline, shared by a refresh on one
+worker (`engine`) and the shards of a refresh spread over several (`fanout`).
+
+The column's values for a fragment are written as one new Lance data file aligned to the
+fragment's physical rows (deleted rows hold NULL). The worker is a pipeline, so the model never
+waits for the table when the table can keep up: fragments are read by a small thread pool (Lance
+scans and writes release the GIL; `reads` cuts them into calls), and each fragment thread reads
+and hashes its next calls, and writes its finished ones, while one model thread calls the
+Function on the calls handed to it (a model is not assumed to be thread-safe; CUDA work stays on
+one thread). Each fragment thread keeps at most `prefetch` calls ahead of the one it waits for, so
+memory is bounded by call size x prefetch x threads, never by the table. Calls adapt (`batches`):
+a small probe first, then toward a target time per call; a call that runs out of device memory
+is split (`execute`).
+
+Progress is checkpointed as chunks of physical rows (`checkpoint`). A shard computing part of a
+fragment (`refresh_range`) leaves only chunks; whoever commits (`refresh_fragment` with
+`assemble_only`) joins the chunks of all shards into the fragment's file without calling the
+Function.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import RefreshStopped
+from ..functions import Function
+from .batches import BatchSizer
+from .checkpoint import CheckpointStore
+from .execute import BatchFit, RowError, call_function
+from .files import TableFiles
+from .leftovers import WrittenFiles
+from .plan import FragmentWork, field_ids
+from .progress import Progress
+from .reads import ADDRESS, READ_ROWS, cut_calls, live_offset, read_windows
+from .shards import Piece
+from .signature import FAILED, row_signatures, scan_expressions
+from .write import FragmentFileWriter, align_to_physical, data_file_name
+
+PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
+
+
+@dataclass
+class Outcome:
+    """What computing some rows produced besides their values."""
+
+    errors: list[RowError] = field(default_factory=list)
+    recovered: list[int] = field(default_factory=list)  # addresses of rows that had failed and now succeeded
+    computed: int = 0
+    changed: int = 0  # rows whose stored value or signature differs from before
+
+    def add(self, other: Outcome) -> None:
+        self.errors.extend(other.errors)
+        self.recovered.extend(other.recovered)
+        self.computed += other.computed
+        self.changed += other.changed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"errors": [asdict(e) for e in self.errors], "recovered": self.recovered,
+                "computed": self.computed, "changed": self.changed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls([RowError(**e) for e in data.get("errors", [])], list(data.get("recovered", [])),
+                   data.get("computed", 0), data.get("changed", 0))
+
+
+
+
+@dataclass
+class FragmentResult:
+    work: FragmentWork
+    group: lance.LanceOperation.DataReplacementGroup | None  # None: nothing changed, nothing rewritten
+    outcome: Outcome
+    file: str | None
+    incomplete: bool = False  # assembling only, and the shards' chunks did not cover it (changed meanwhile)
+
+
+class Attempt:
+    """State shared by the fragment workers of one plan-compute-commit attempt."""
+
+    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
+                 written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any,
+                 fit: BatchFit, sizer: BatchSizer, prefetch: int, assemble_only: bool = False):
+        self.files, self.dataset, self.function, self.store, self.written = files, dataset, function, store, written
+        self.report, self.progress, self.fit, self.sizer, self.prefetch = report, progress, fit, sizer, prefetch
+        self.assemble_only = assemble_only  # join the shards' chunks; never call the Function
+        self.lock = threading.Lock()
+        self.call_lock = threading.Lock()
+        self.call = call
+        self.stop = threading.Event()  # set when a fragment failed: the others end early
+        # The one thread that calls the Function (prefetch 0: each fragment thread calls it in turn).
+        self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if prefetch else None
+        names = [*function.columns, function.sig_column]
+        self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
+        self.out_ids = field_ids(dataset, names)
+        # A fragment the Function never wrote needs only its inputs; others also their stored outputs.
+        self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
+        self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
+
+    def submit(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> Future[tuple[pa.Array, list[RowError]]]:
+        """Hand a batch to the model thread; its values come back through the future."""
+        if self.model is not None:
+            return self.model.submit(self.compute, inputs, addresses)
+        done: Future[tuple[pa.Array, list[RowError]]] = Future()
+        try:
+            done.set_result(self.compute(inputs, addresses))
+        except BaseException as err:
+            done.set_exception(err)
+        return done
+
+    def compute(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.Array, list[RowError]]:
+        if self.stop.is_set():
+            raise RefreshStopped
+        with self.call_lock:
+            if self.call is None:
+                self.call = self._load()
+            began = time.monotonic()
+            try:
+                return call_function(self.call, self.function, inputs, addresses, self.fit)
+            finally:
+                done = time.monotonic()
+                self.progress.busy_seconds += done - began
+                if self.progress.first_values_at is None:
+                    self.progress.first_values_at = done
+                self.sizer.observe(inputs.num_rows, done - began, fits=self.fit.rows)
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.shutdown(wait=True, cancel_futures=True)
+
+    def _load(self) -> Any:
+        """Construct the Function's callable (a class loads its model here): only once some row needs
+        computing, timed apart from the rows, and said in the run log as it starts and ends."""
+        self.progress.loading_since = time.monotonic()
+        if self.report:
+            self.report(self.progress)
+        try:
+            return self.function.open()
+        finally:
+            self.progress.load_seconds += time.monotonic() - self.progress.loading_since
+            self.progress.loading_since = None
+            if self.report:
+                self.report(self.progress)
+
+    def advance(self, scanned: int, outcome: Outcome) -> None:
+        with self.lock:
+            self.progress.rows_scanned += scanned
+            self.progress.rows_computed += outcome.computed
+            self.progress.rows_failed += len(outcome.errors)
+
+
+@dataclass
+class _Staged:
+    """A batch read and hashed, its stale rows handed to the model; `values` None when none is stale."""
+
+    batch: pa.RecordBatch
+    addresses: np.ndarray
+    offsets: np.ndarray  # the rows' physical offsets in the fragment
+    start: int  # the physical offset the batch's output starts at (after the previous batch)
+    now: np.ndarray  # each row's current signature
+    stale_idx: np.ndarray
+    retried: np.ndarray  # rows stored as FAILED by an earlier refresh
+    values: Future[tuple[pa.Array, list[RowError]]] | None
+
+    @property
+    def end(self) -> int:
+        """The physical offset after its last row: where the next batch's output starts."""
+        return int(self.offsets[-1]) + 1
+
+
+def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _Staged:
+    """Hash a scanned batch and hand its stale rows to the model: current rows keep their values.
+
+    In a fragment the Function never wrote (`new`), every row is stale and nothing stored is read.
+    """
+    function = attempt.function
+    addresses = batch.column(ADDRESS).to_numpy()
+    now = row_signatures(function, batch).to_numpy().copy()
+    if new:
+        stale_idx = np.arange(batch.num_rows)
+        retried = np.zeros(batch.num_rows, dtype=bool)
+    else:
+        stored = batch.column(function.sig_column)
+        stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
+            zero_copy_only=False))
+        retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
+    values = None
+    if len(stale_idx):
+        inputs = batch.select(list(function.inputs))
+        if len(stale_idx) < batch.num_rows:
+            inputs = inputs.take(pa.array(stale_idx))
+        values = attempt.submit(inputs, addresses[stale_idx])
+    return _Staged(batch, addresses, (addresses & 0xFFFFFFFF).astype(np.int64), start, now, stale_idx, retried, values)
+
+
+def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome]:
+    """The staged batch's output columns, once the model returned its stale rows' values.
+
+    A row that fails is stored with the signature FAILED, so it stays stale.
+    """
+    function = attempt.function
+    batch, addresses, now, stale_idx, retried = (staged.batch, staged.addresses, staged.now, staged.stale_idx,
+                                                 staged.retried)
+    outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
+    if staged.values is None:
+        merged = [batch.column(name) for name in function.columns]
+    else:
+        values, errors = staged.values.result()
+        computed = [values] if len(function.columns) == 1 else values.flatten()
+        if len(stale_idx) == batch.num_rows:
+            merged = computed
+        else:
+            selector = np.arange(batch.num_rows)
+            selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
+            merged = [pa.concat_arrays([batch.column(name), c.cast(batch.column(name).type)]).take(pa.array(selector))
+                      for name, c in zip(function.columns, computed, strict=True)]
+        failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
+        now[failed] = FAILED
+        was_failed = {int(a) for a in addresses[retried]}
+        outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed)
+                          for e in errors]
+        outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
+        # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
+        outcome.changed -= int(np.count_nonzero(failed & retried))
+    merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
+    return pa.RecordBatch.from_arrays([*merged, pa.array(now, type=attempt.out_schema.field(-1).type)],
+                                      schema=attempt.out_schema), outcome
+
+
+def _finished(attempt: Attempt, item: FragmentWork, record: dict[str, Any]) -> FragmentResult:
+    outcome = Outcome.from_json(record["outcome"])
+    if record["file"] is None:
+        return FragmentResult(item, None, outcome, None)
+    data_file = lance.fragment.DataFile(record["file"], attempt.out_ids, list(range(len(attempt.out_ids))),
+                                        record["major"], record["minor"])
+    return FragmentResult(item, lance.LanceOperation.DataReplacementGroup(item.fragment_id, data_file), outcome,
+                           record["file"])
+
+
+class _PendingChunk:
+    """The batches computed since the last checkpoint of one fragment; saved as a chunk when due."""
+
+    def __init__(self, attempt: Attempt, item: FragmentWork, start: int):
+        self.attempt, self.item = attempt, item
+        self.start, self.at, self.batches, self.outcome, self.since = start, start, [], Outcome(), time.monotonic()
+
+    def add(self, aligned: pa.RecordBatch, outcome: Outcome, end: int) -> None:
+        self.batches.append(aligned)
+        self.outcome.add(outcome)
+        self.at = end
+        if time.monotonic() - self.since >= self.attempt.function.checkpoint_seconds:
+            self.save()
+
+    def save(self) -> None:
+        if self.at > self.start:
+            self.attempt.store.save_chunk(self.item, self.start, self.at, self.batches, self.outcome.to_json())
+        self.start, self.batches, self.outcome, self.since = self.at, [], Outcome(), time.monotonic()
+
+    def close_at(self, end: int) -> None:
+        """Save what is left as the chunk ending at `end` (rows deleted before it held as NULL)."""
+        if end > self.at:
+            schema = self.attempt.out_schema
+            self.batches.append(pa.RecordBatch.from_arrays([pa.nulls(end - self.at, f.type) for f in schema],
+                                                           schema=schema))
+            self.at = end
+        self.save()
+
+
+def _close_fragment(attempt: Attempt, item: FragmentWork, writer: FragmentFileWriter, total: Outcome,
+                    new: bool) -> FragmentResult:
+    """Finish the fragment's file (or drop it when nothing changed) and checkpoint the fragment as done."""
+    writer.pad_to(item.physical_rows)
+    writer.close()
+    record: dict[str, Any] = {"file": writer.name, "major": writer.major, "minor": writer.minor,
+                              "outcome": total.to_json()}
+    if not new and total.changed == 0:
+        # Every row is current (e.g. after compaction): keep the fragment's files as they are.
+        attempt.files.delete(f"data/{writer.name}")
+        record["file"] = None
+    attempt.store.save_fragment(item, record)
+    attempt.store.discard_batches(item)
+    return _finished(attempt, item, record)
+
+
+def _chain(saved: dict[int, tuple[int, str]], start: int, end: int) -> list[tuple[int, str]]:
+    """The saved chunks that follow each other from `start`, up to `end`: (chunk end, name) each.
+
+    >>> _chain({0: (10, "a"), 10: (25, "b"), 30: (40, "c")}, 0, 100)
+    [(10, 'a'), (25, 'b')]
+    """
+    chain, at = [], start
+    while at in saved and at < end:
+        chain.append(saved[at])
+        at = saved[at][0]
+    return chain
+
+
+def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
+                  finish: Callable[[_Staged], None]) -> None:
+    """Compute the fragment's rows at physical offsets [start, end): read in large batches, cut into
+    calls of the size the sizer asks for, each hashed and handed to the model thread, and given to
+    `finish` in order once its values are back, with at most `prefetch` calls staged ahead of the
+    one waited for."""
+    new = item.reason == "new"
+    staged: deque[_Staged] = deque()  # handed to the model, in fragment order
+    fragment = attempt.dataset.get_fragment(item.fragment_id)
+    reads = read_windows(fragment, attempt.new_scan if new else attempt.stale_scan,
+                         max(attempt.function.batch_size, READ_ROWS), attempt.stop,
+                         offset=live_offset(fragment, start))
+    call_start = start
+    for batch in cut_calls(reads, lambda: attempt.sizer.rows, start, end=end):
+        ready = _stage(attempt, batch, call_start, new)
+        call_start = ready.end  # deleted rows before the next call's first row are its own
+        staged.append(ready)
+        while len(staged) > attempt.prefetch:
+            finish(staged.popleft())
+    while staged:
+        finish(staged.popleft())
+
+
+def refresh_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
+    """Compute one fragment's new column file, reusing checkpointed chunks.
+
+    Checkpointed chunks cover the fragment from its first row on (a shard's chunks join those of
+    the shard before it); they are written again as they are, and computing resumes at the first
+    row after them. With `attempt.assemble_only` nothing is computed: a fragment the chunks do not
+    cover whole is left as it is (`incomplete`), for the next refresh.
+    """
+    done = attempt.store.load_fragment(item)
+    if done is not None and (done["file"] is None or attempt.files.exists(f"data/{done['file']}")):
+        result = _finished(attempt, item, done)
+        attempt.advance(item.live_rows, result.outcome)
+        return result
+    chain = _chain(attempt.store.chunks(item), 0, item.physical_rows)
+    resume_at = chain[-1][0] if chain else 0
+    if attempt.assemble_only and resume_at < item.physical_rows and item.live_rows:
+        return FragmentResult(item, None, Outcome(), None, incomplete=True)
+    name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
+    attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
+    writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
+    total = Outcome()
+    for _end, chunk in chain:
+        batches, info = attempt.store.load_chunk(chunk)
+        for restored in batches:
+            writer.write(restored)
+        outcome = Outcome.from_json(info)
+        total.add(outcome)
+        attempt.advance(0, Outcome(errors=outcome.errors))
+    if resume_at:
+        attempt.advance(live_offset(attempt.dataset.get_fragment(item.fragment_id), resume_at), Outcome())
+    pending = _PendingChunk(attempt, item, start=resume_at)
+
+    def finish(ready: _Staged) -> None:
+        out, outcome = _outputs(attempt, ready)
+        aligned = align_to_physical(out, ready.offsets, ready.start, attempt.out_schema)
+        writer.write(aligned)
+        total.add(outcome)
+        pending.add(aligned, outcome, ready.end)
+        attempt.advance(ready.batch.num_rows, outcome)
+
+    if resume_at < item.physical_rows:
+        _compute_rows(attempt, item, resume_at, item.physical_rows, finish)
+    return _close_fragment(attempt, item, writer, total, item.reason == "new")
+
+
+def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome:
+    """Compute a shard's part of a fragment, physical rows [piece.start, piece.end), as checkpoint
+    chunks only (the commit joins them with the other shards' into the fragment's file); resumes
+    after the chunks a killed attempt of this shard saved. Returns what computing it produced."""
+    done = attempt.store.load_fragment(item)
+    if done is not None:  # another attempt finished the whole fragment
+        return Outcome()
+    total = Outcome()
+    chain = _chain(attempt.store.chunks(item), piece.start, piece.end)
+    for _end, chunk in chain:
+        total.add(Outcome.from_json(attempt.store.load_chunk(chunk)[1]))
+    resume_at = chain[-1][0] if chain else piece.start
+    if resume_at > piece.start:
+        fragment = attempt.dataset.get_fragment(item.fragment_id)
+        attempt.advance(live_offset(fragment, resume_at) - live_offset(fragment, piece.start),
+                        Outcome(errors=total.errors))
+    if resume_at >= piece.end:
+        return total
+    pending = _PendingChunk(attempt, item, start=resume_at)
+
+    def finish(ready: _Staged) -> None:
+        out, outcome = _outputs(attempt, ready)
+        pending.add(align_to_physical(out, ready.offsets, ready.start, attempt.out_schema), outcome, ready.end)
+        total.add(outcome)
+        attempt.advance(ready.batch.num_rows, outcome)
+
+    _compute_rows(attempt, item, resume_at, piece.end, finish)
+    pending.close_at(piece.end)
+    return total
+
+
+def compute_fragments(attempt: Attempt, work: Sequence[Any], workers: int,
+                      step: Callable[[Attempt, Any], Any] = refresh_fragment) -> list[Any]:
+    """`step` of every planned fragment (or shard piece), `workers` at a time; by default each
+    fragment's new column file.
+
+    The first fragment that fails stops the others (no GPU time is spent on a refresh that cannot
+    commit), and its error is the one raised.
+    """
+    error: BaseException | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
+            futures = [pool.submit(step, attempt, item) for item in work]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            error = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+            if error is not None:
+                attempt.stop.set()
+                for future in futures:
+                    future.cancel()
+    finally:
+        attempt.close()
+    if error is not None:
+        raise error
+    return [f.result() for f in futures]
+

@@ -1,0 +1,82 @@
+"""What a Function materialization reports: its Dagster metadata, and failed rows in the errors table.
+
+Shared by a refresh on one worker (`assets`) and one spread over several (`fanout_asset`), so both
+report the same figures under the same names.
+"""
+
+from datetime import datetime, timezone
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+from .classes import GpuClass
+from .functions import Function
+from .refresh.engine import RefreshResult
+from .resources import LanceDBResource
+
+ERRORS_TABLE = "gpufn_errors"
+# One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
+# `retried` says the row had failed in an earlier refresh.
+ERRORS_SCHEMA = pa.schema([
+    ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
+    ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()),
+    ("error", pa.string()), ("traceback", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
+    ("retried", pa.bool_()), ("outcome", pa.string()),
+])
+
+
+def record_errors(lancedb: LanceDBResource, function: Function, result: RefreshResult, run_id: str) -> None:
+    if not result.errors and not result.recovered:
+        return
+    now = datetime.now(timezone.utc)
+    common = {"function": function.name, "table": function.table, "columns": ",".join(function.columns),
+              "function_version": function.version, "run_id": run_id, "recorded_at": now}
+    rows = pa.Table.from_pylist(
+        [{**common, "row_address": e.row_address, "error": e.error, "traceback": e.traceback, "retried": e.retried,
+          "outcome": "failed"} for e in result.errors]
+        + [{**common, "row_address": address, "retried": True, "outcome": "succeeded"} for address in result.recovered],
+        schema=ERRORS_SCHEMA)
+    db = lancedb.connect()
+    table = db.create_table(ERRORS_TABLE, schema=ERRORS_SCHEMA, exist_ok=True)
+    missing = [f for f in ERRORS_SCHEMA if f.name not in table.schema.names]
+    if missing:  # a table written by an earlier release: add the new columns (NULL for old rows)
+        table.add_columns(missing)
+    table.add(rows)
+
+
+def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult) -> dict[str, Any]:
+    """What each materialization reports, as Dagster metadata."""
+    gpu_seconds = result.wall_seconds * function.gpu_count
+    metadata: dict[str, Any] = {
+        "rows_computed": result.rows_computed,
+        "rows_failed": result.rows_failed,
+        "rows_retried_ok": len(result.recovered),
+        "rows_checked": result.rows_checked,
+        "fragments_visited": f"{result.fragments_visited}/{result.fragments_total}",
+        "fragments_rewritten": result.fragments_rewritten,
+        "table_version_before": result.version_before,
+        "table_version_after": result.version_after,
+        "function_version": result.function_version,
+        "wall_seconds": dg.FloatMetadataValue(round(result.wall_seconds, 3)),
+        "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
+        "dagster/row_count": result.rows_total,
+    }
+    if result.load_seconds >= 0.05:
+        metadata["load_seconds"] = dg.FloatMetadataValue(round(result.load_seconds, 2))
+    if result.first_values_seconds is not None:
+        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(result.first_values_seconds, 2))
+        metadata["busy_fraction"] = dg.FloatMetadataValue(round(result.busy_fraction, 3))
+        metadata["batch_rows_largest"] = result.batch_rows_largest
+    if result.oom_splits:
+        metadata["oom_splits"] = result.oom_splits
+        metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
+    metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
+    if result.lease_wait_seconds >= 0.5:
+        metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
+    if function.gpu_count and gpu_class is not None:
+        metadata["gpu_class"] = gpu_class.name
+        metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
+        if gpu_class.price_per_gpu_hour is not None:
+            metadata["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
+    return metadata

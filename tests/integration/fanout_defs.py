@@ -1,0 +1,31 @@
+"""A code location for the fan-out tests: `docs__shout` spreads its refresh over 4 workers of the
+class `wide` (a test class with 4 local slots, each its own device).
+
+The Function logs every row it computes, with the device its slot gave it and its process, to
+`$GPUFN_TEST_LOG`; it kills its own process once (SIGKILL) when it meets the row named by
+`$GPUFN_TEST_KILL_AT` and `$GPUFN_TEST_KILLED` does not exist yet, and always fails on the row
+named by `$GPUFN_TEST_FAIL_AT`.
+"""
+
+import os
+import signal
+import time
+
+from gpufn_dagster import build_definitions, gpu_function
+
+
+def shout(text: str) -> str:
+    if text == os.environ.get("GPUFN_TEST_FAIL_AT"):
+        raise ValueError(f"cannot shout {text!r}")
+    if text == os.environ.get("GPUFN_TEST_KILL_AT") and not os.path.exists(os.environ["GPUFN_TEST_KILLED"]):
+        open(os.environ["GPUFN_TEST_KILLED"], "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    with open(os.environ["GPUFN_TEST_LOG"], "a") as log:
+        log.write(f"{text}|{os.environ.get('CUDA_VISIBLE_DEVICES')}|{os.getpid()}\n")
+    time.sleep(float(os.environ.get("GPUFN_TEST_DELAY", "0")))
+    return text.upper()
+
+
+shout_asset = gpu_function(table="docs", column="shout", gpu_class="wide", workers=4, batch_size=50,
+                           adapt_batch_size=False, checkpoint_seconds=0)(shout)
+defs = build_definitions(assets=[shout_asset])

@@ -1,0 +1,186 @@
+"""One refresh spread over several GPU workers, with real run workers: the embedded coordinator
+and its daemon, Dagster's multiprocess executor, one process per shard, each on a local slot of
+its class (its own device). All rows are filled exactly once across the shards, the commit is
+one table version, a killed shard resumes without redoing the others' work, a shard that keeps
+failing fails the run and commits nothing, and a user's append meanwhile is kept."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import lancedb
+import pyarrow as pa
+from dagster import DagsterEventType, DagsterRunStatus
+from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
+from dagster._core.workspace.load_target import PythonFileTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
+from dagster_graphql.test.utils import execute_dagster_graphql
+import pytest
+
+from gpufn_dagster.refresh.files import TableFiles
+from gpufn_dagster.resources import STABLE_ROW_IDS
+from tests.storages import STORAGES
+
+DEFS = Path(__file__).with_name("fanout_defs.py")
+WIDE = "name: wide\ngpu_model: TEST\ngpu_memory: 16GiB\nmax_gpu_count_per_worker: 1\n" \
+       "local: {slots: 4, devices: ['0', '1', '2', '3']}\n"
+
+
+@contextmanager
+def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: str):
+    """An embedded instance serving fanout_defs over a `docs` table of `rows` rows in one fragment.
+
+    Yields (instance, run(run_config=None, during=None) -> the run once it ended, the log path);
+    `during(run_id)` is called while the run goes on until it returns True.
+    """
+    log = tmp_path / "calls.log"
+    (classes_dir / "wide.yaml").write_text(WIDE)
+    for name, value in {"GPUFN_LANCEDB_URI": db_uri, "GPUFN_CLASSES_DIR": str(classes_dir),
+                        "GPUFN_TEST_LOG": str(log), "GPUFN_TEST_KILLED": str(tmp_path / "killed"), **env}.items():
+        monkeypatch.setenv(name, value)
+    lancedb.connect(db_uri).create_table(
+        "docs", pa.table({"id": list(range(rows)), "text": [f"doc {i}" for i in range(rows)]}),
+        storage_options=STABLE_ROW_IDS)
+    overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
+                                     "config": {"classes_dir": str(classes_dir)}}}
+    target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None, location_name="fanout")
+    with instance_for_test(overrides=overrides) as instance, \
+            create_test_daemon_workspace_context(target, instance) as workspace:
+        daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+
+        def run(run_config: dict | None = None, during=None):
+            context = workspace.create_request_context()
+            result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={
+                "executionParams": {
+                    "selector": {"repositoryLocationName": "fanout", "repositoryName": "__repository__",
+                                 "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": ["docs__shout"]}]},
+                    "runConfigData": run_config or {}, "mode": "default"}})
+            launched = result.data["launchPipelineExecution"]
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            run_id = launched["run"]["runId"]
+            deadline = time.monotonic() + 600  # a hang guard only
+            while time.monotonic() < deadline:
+                list(daemon.run_iteration(workspace))
+                if during is not None and during(run_id):
+                    during = None
+                found = instance.get_run_by_id(run_id)
+                if found.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+                    return found
+                time.sleep(0.5)
+            raise AssertionError(f"run {run_id} did not end: {messages(instance, run_id)[-3000:]}")
+
+        yield instance, run, log
+
+
+def messages(instance, run_id: str) -> str:
+    return "\n".join(e.message for e in instance.all_logs(run_id) if e.message)
+
+
+def materialization(instance, run_id: str) -> dict:
+    (event,) = instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+    return {k: v.value for k, v in event.dagster_event.event_specific_data.materialization.metadata.items()}
+
+
+def calls(log: Path) -> list[tuple[str, str, str]]:
+    return [tuple(line.split("|")) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def table(db_uri: str) -> dict:
+    data = lancedb.connect(db_uri).open_table("docs").to_lance().to_table(columns=["text", "shout"])
+    return dict(zip(data.column("text").to_pylist(), data.column("shout").to_pylist(), strict=True))
+
+
+def refresh_commits(db_uri: str) -> list[str]:
+    dataset = lancedb.connect(db_uri).open_table("docs").to_lance()
+    return [type(t.operation).__name__ for t in dataset.get_transactions() if t is not None
+            and type(t.operation).__name__ == "DataReplacement"]
+
+
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
+def test_one_fragment_is_spread_over_four_shard_processes_each_on_its_own_device(db_uri, tmp_path, monkeypatch,
+                                                                                  classes_dir):
+    with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=8000, GPUFN_TEST_DELAY="0.002") as (instance, run, log):
+        done = run()
+        assert done.status == DagsterRunStatus.SUCCESS, messages(instance, done.run_id)[-3000:]
+        made = calls(log)
+        assert Counter(text for text, _, _ in made) == Counter(f"doc {i}" for i in range(8000))  # each row once
+        devices = Counter(device for _, device, _ in made)
+        assert sorted(devices) == ["0", "1", "2", "3"] and min(devices.values()) >= 1500, devices
+        assert len({pid for _, _, pid in made}) == 4  # four worker processes
+        meta = materialization(instance, done.run_id)
+        assert meta["workers"] == 4 and meta["rows_computed"] == 8000
+        assert all(value == text.upper() for text, value in table(db_uri).items())
+        steps = {e.step_key for e in instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_SUCCESS)}
+        assert {f"docs__shout.docs__shout_shard[shard_{i}]" for i in range(4)} <= steps
+        # One commit of the column, the table's latest version; the shards' hand-offs are cleared.
+        assert refresh_commits(db_uri) == ["DataReplacement"]
+        assert meta["table_version_after"] == lancedb.connect(db_uri).open_table("docs").version
+        assert TableFiles(f"{db_uri}/_gpufn_runs").names("") == []
+
+
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
+def test_a_killed_shard_is_retried_and_resumes_without_redoing_other_shards(db_uri, tmp_path, monkeypatch,
+                                                                              classes_dir):
+    with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=8000,
+                GPUFN_TEST_KILL_AT="doc 2600") as (instance, run, log):
+        done = run()
+        assert done.status == DagsterRunStatus.SUCCESS, messages(instance, done.run_id)[-3000:]
+        assert (tmp_path / "killed").exists()
+        counts = Counter(text for text, _, _ in calls(log))
+        assert set(counts) == {f"doc {i}" for i in range(8000)}
+        restarts = instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_RESTARTED)
+        assert [e.step_key for e in restarts] == ["docs__shout.docs__shout_shard[shard_1]"]
+        again = [text for text, n in counts.items() if n > 1]
+        # Only the killed shard (rows 2000-3999) repeats work: at most the one call in flight (50 rows)
+        # plus those staged ahead of the writer (prefetch 4), never a row of another shard.
+        assert all(2000 <= int(text.split()[1]) < 4000 for text in again), again
+        assert len(again) <= 50 * 5
+        assert all(value == text.upper() for text, value in table(db_uri).items())
+        assert refresh_commits(db_uri) == ["DataReplacement"]
+
+
+def test_a_shard_that_keeps_failing_fails_the_run_naming_it_and_commits_nothing(db_uri, tmp_path, monkeypatch,
+                                                                                 classes_dir):
+    with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=8000,
+                GPUFN_TEST_FAIL_AT="doc 5000") as (instance, run, log):
+        done = run()
+        assert done.status == DagsterRunStatus.FAILURE
+        failures = instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_FAILURE)
+        assert {e.step_key for e in failures} == {"docs__shout.docs__shout_shard[shard_2]"}
+        error = failures[-1].dagster_event.event_specific_data.error
+        text = "\n".join(filter(None, [error.message, error.cause.message if error.cause else None]))
+        assert "cannot shout 'doc 5000'" in text, text
+        assert len(instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_RESTARTED)) == 3  # retried, in vain
+        assert refresh_commits(db_uri) == [] and set(table(db_uri).values()) == {None}
+        assert "docs__shout.docs__shout_commit" not in {
+            e.step_key for e in instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_START)}
+
+
+def test_a_users_append_during_a_fanned_out_refresh_is_kept_and_the_launchpad_sets_workers(
+        db_uri, tmp_path, monkeypatch, classes_dir):
+    with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=4000,
+                GPUFN_TEST_DELAY="0.002") as (instance, run, log):
+        def append_once_computing(run_id: str) -> bool:
+            if len(calls(log)) < 200:
+                return False
+            lancedb.connect(db_uri).open_table("docs").add(
+                pa.table({"id": list(range(9000, 9100)), "text": [f"doc {i}" for i in range(9000, 9100)]}))
+            return True
+
+        two = {"ops": {"docs__shout": {"ops": {"docs__shout_plan": {"config": {"workers": 2}}}}}}
+        done = run(two, during=append_once_computing)
+        assert done.status == DagsterRunStatus.SUCCESS, messages(instance, done.run_id)[-3000:]
+        meta = materialization(instance, done.run_id)
+        assert meta["workers_asked"] == 2 and meta["workers"] == 2
+        values = table(db_uri)
+        assert len(values) == 4100  # the appended rows are kept
+        assert all(values[f"doc {i}"] == f"DOC {i}" for i in range(4000))
+        assert all(values[f"doc {i}"] is None for i in range(9000, 9100))  # filled by the next refresh
+        log.unlink()
+        again = run()
+        assert again.status == DagsterRunStatus.SUCCESS
+        assert sorted(text for text, _, _ in calls(log)) == sorted(f"doc {i}" for i in range(9000, 9100))
