@@ -25,7 +25,6 @@ from .functions import Function
 from .refresh.columns import is_function_column
 from .refresh.signature import unsupported_reason
 from .resources import LanceDBResource, default_db_uri
-from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager
 from .run.executor import gpu_classes_executor
 from .tags import READS_METADATA_KEY
 
@@ -146,6 +145,6 @@ def build_definitions(
         schedules=list(schedules),
         sensors=list(sensors),
         jobs=list(jobs),
-        resources={"lancedb": database, STEP_OUTPUTS_KEY: StepOutputsIOManager(lancedb=database), **(resources or {})},
+        resources={"lancedb": database, **(resources or {})},
         executor=executor if executor is not None else gpu_classes_executor,
     )

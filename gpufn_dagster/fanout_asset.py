@@ -18,6 +18,7 @@ keeps failing fails the run, and nothing is committed.
 """
 
 
+import warnings
 from typing import Any
 
 import dagster as dg
@@ -32,7 +33,7 @@ from .refresh.shards import Shard
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
 from .run.slots import step_slot
-from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager
+from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
 from .tags import GPU_COUNT_TAG, SHARD_TAG
 
 SHARD_RETRIES = 3
@@ -125,7 +126,7 @@ def _commit_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinitio
             context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "
                                 "appended) and are left for the next refresh")
         context.add_output_metadata(fanout_metadata(function, gpu_class, result, plan, results))
-        StepOutputsIOManager(lancedb=lancedb).forget_run(context.run.run_id)
+        StepOutputsIOManager(lancedb).forget_run(context.run.run_id)
 
     return commit
 
@@ -155,6 +156,15 @@ def fanout_asset(function: Function, gpu_class: GpuClass | None, *, tags: dict[s
     plan_op, shard_op, commit_op = _plan_op(function, gpu_class), _shard_op(function, gpu_class, op_tags, pool), \
         _commit_op(function, gpu_class)
 
+    with warnings.catch_warnings():
+        # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so
+        # that no user has to configure one for it, and the warning would repeat on every load.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _graph_asset(function, plan_op, shard_op, commit_op, tags, metadata)
+
+
+def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDefinition,
+                 commit_op: dg.OpDefinition, tags: dict[str, str], metadata: dict[str, Any]) -> dg.AssetsDefinition:
     @dg.graph_asset(
         name=function.name,
         ins={"source": dg.AssetIn(key=dg.AssetKey(function.source_asset), dagster_type=dg.Nothing)},
@@ -164,6 +174,7 @@ def fanout_asset(function: Function, gpu_class: GpuClass | None, *, tags: dict[s
         description=function.description,
         group_name=function.group_name,
         metadata=metadata,
+        resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
     )
     def _refresh(source):
         planned = plan_op(source)

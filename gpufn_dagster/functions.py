@@ -91,6 +91,7 @@ class Function:
     adapt_batch_size: bool = True
     workers: int = 1  # GPU workers (shards) one refresh spreads over
     max_gpus: int | None = None  # the most GPUs one refresh holds at once
+    publish_every_rows: int | None = None  # intermediate commits as fragments finish (None: one commit)
 
     @property
     def sig_column(self) -> str:
@@ -211,6 +212,9 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
             f"got {options.max_batch_size}")
     if options.gpu_count < 0:
         raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
+    if options.publish_every_rows is not None and options.publish_every_rows < 1:
+        raise FunctionDefinitionError(f"{label}: field 'publish_every_rows': must be at least 1, "
+                                      f"got {options.publish_every_rows}")
     if options.workers < 1:
         raise FunctionDefinitionError(f"{label}: field 'workers': must be at least 1, got {options.workers}")
     if options.max_gpus is not None and options.max_gpus < max(options.gpu_count, 1):
@@ -327,4 +331,5 @@ def make_function(target: Any, **options: Any) -> Function:
         adapt_batch_size=opts.adapt_batch_size,
         workers=opts.workers,
         max_gpus=opts.max_gpus,
+        publish_every_rows=opts.publish_every_rows,
     )

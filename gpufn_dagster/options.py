@@ -80,6 +80,10 @@ class FunctionOptions(dg.Resolvable):
     max_gpus: Annotated[int | None, _described(
         "The most GPUs one refresh may hold at once (workers x gpu_count); fewer workers start when it is "
         "lower. The class's max_gpus_per_refresh caps it too.")] = None
+    publish_every_rows: Annotated[int | None, _described(
+        "Publish finished fragments in an intermediate table version whenever this many rows are done, so a "
+        "long backfill shows results as it goes (each version holds whole fragments of one Function version); "
+        "default: one commit at the end. For a refresh on one worker.")] = None
     checkpoint_seconds: Annotated[float, _described(
         "How much work a killed refresh may repeat, in seconds (0: checkpoint every batch).")] = 10.0
     classes_dir: Annotated[str | None, _described(

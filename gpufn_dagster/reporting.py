@@ -72,6 +72,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["oom_splits"] = result.oom_splits
         metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
     metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
+    if result.versions_published:
+        metadata["versions_published"] = result.versions_published
     if result.lease_wait_seconds >= 0.5:
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
     if function.gpu_count and gpu_class is not None:

@@ -73,6 +73,7 @@ class RefreshResult:
     batch_rows_that_fit: int | None = None  # the most rows a call took after a split (None: no split)
     batch_rows_largest: int = 0  # the most rows one batch was sized to (the probe, then adapted)
     gpu: dict[str, float] = field(default_factory=dict)  # NVIDIA's figures over the refresh, when available
+    versions_published: int = 0  # intermediate commits (publish_every_rows) before the final one
     fragments_left: int = 0  # assembling shards: fragments that changed meanwhile, left for the next refresh
 
     @property
@@ -92,6 +93,37 @@ def _state_after(state: ColumnState, results: list[FragmentResult]) -> ColumnSta
         verified=state.verified | {r.work.content_key for r in results
                                    if r.group is None and not r.outcome.errors and not r.incomplete},
         failed_files=state.failed_files | {r.file for r in results if r.file and r.outcome.errors})
+
+
+class _Publisher:
+    """`publish_every_rows`: commits finished fragments as the refresh goes, so a days-long backfill
+    shows results before it ends. Each commit is a DataReplacement at the version the plan read,
+    like the final one; it holds only whole fragments of one Function version, so a reader of any
+    version sees each fragment's values all from one version. A commit that loses a race leaves its
+    fragments to the final commit."""
+
+    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, state: ColumnState,
+                 lease: ColumnLease):
+        self.files, self.dataset, self.function, self.state, self.lease = files, dataset, function, state, lease
+        self.every = function.publish_every_rows
+        self.pending: list[FragmentResult] = []
+        self.published: set[int] = set()  # fragment ids committed already
+        self.latest: lance.LanceDataset | None = None
+        self.commits = 0
+
+    def add(self, result: FragmentResult) -> None:
+        if self.every is None or result.group is None:
+            return
+        self.pending.append(result)
+        if sum(r.work.live_rows for r in self.pending) >= self.every:
+            self.state = _state_after(self.state, self.pending)
+            save_state(self.files, self.function.sig_column, self.state)
+            self.lease.check()
+            committed = _commit(self.files, self.dataset, self.function, [r.group for r in self.pending])
+            if committed is not None:
+                self.published |= {r.work.fragment_id for r in self.pending}
+                self.latest, self.commits = committed, self.commits + 1
+            self.pending = []
 
 
 def _commit(files: TableFiles, dataset: lance.LanceDataset, function: Function,
@@ -167,7 +199,7 @@ def refresh_column(
     check_input_types(function, dataset.schema)
     check_upstream(files, dataset, function, upstream)
     progress = Progress()
-    visited = rewritten = 0
+    visited = rewritten = published = 0
     load_seconds = computing = 0.0
     workers = concurrency or min(4, os.cpu_count() or 1)
     call: Any = None
@@ -188,8 +220,11 @@ def refresh_column(
                 progress.restart(sum(w.live_rows for w in work))
                 attempt = Attempt(files, dataset, function, store, written, report, progress, call, fit, sizer, prefetch,
                                   assemble_only=assemble_only)
+                publisher = _Publisher(files, dataset, function, state, lease)
                 with Ticker(report, progress, report_every):
-                    results = compute_fragments(attempt, work, workers)
+                    results = compute_fragments(attempt, work, workers, on_done=publisher.add)
+                published += publisher.commits
+                rewritten += len(publisher.published)
                 call = attempt.call
                 load_seconds += progress.load_seconds
                 computing = progress.computing_seconds()
@@ -197,8 +232,10 @@ def refresh_column(
                 for result in results:
                     total.add(result.outcome)
                 state = _state_after(state, results)
-                groups = [r.group for r in results if r.group is not None]
+                groups = [r.group for r in results
+                          if r.group is not None and r.work.fragment_id not in publisher.published]
                 if not groups:
+                    dataset = publisher.latest or dataset
                     break
                 save_state(files, function.sig_column, state)  # failed files are known before the commit
                 lease.check()
@@ -235,5 +272,5 @@ def refresh_column(
         busy_seconds=progress.busy_seconds, oom_splits=fit.splits, batch_rows_that_fit=fit.rows, gpu=gpu.figures(),
         batch_rows_largest=sizer.largest,
         first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
-        fragments_left=sum(r.incomplete for r in results),
+        fragments_left=sum(r.incomplete for r in results), versions_published=published,
     )

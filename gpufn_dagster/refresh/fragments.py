@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -406,9 +406,10 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
 
 
 def compute_fragments(attempt: Attempt, work: Sequence[Any], workers: int,
-                      step: Callable[[Attempt, Any], Any] = refresh_fragment) -> list[Any]:
+                      step: Callable[[Attempt, Any], Any] = refresh_fragment,
+                      on_done: Callable[[Any], None] | None = None) -> list[Any]:
     """`step` of every planned fragment (or shard piece), `workers` at a time; by default each
-    fragment's new column file.
+    fragment's new column file. `on_done` is called with each result as it comes, in this thread.
 
     The first fragment that fails stops the others (no GPU time is spent on a refresh that cannot
     commit), and its error is the one raised.
@@ -417,15 +418,20 @@ def compute_fragments(attempt: Attempt, work: Sequence[Any], workers: int,
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
             futures = [pool.submit(step, attempt, item) for item in work]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            error = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
-            if error is not None:
-                attempt.stop.set()
-                for future in futures:
-                    future.cancel()
+            for future in as_completed(futures):
+                try:
+                    if future.exception() is not None:
+                        raise future.exception()
+                    if on_done is not None:
+                        on_done(future.result())
+                except BaseException as err:  # noqa: BLE001 - the first failure stops the others, then is raised
+                    error = err
+                    attempt.stop.set()
+                    for other in futures:
+                        other.cancel()
+                    break
     finally:
         attempt.close()
     if error is not None:
         raise error
     return [f.result() for f in futures]
-

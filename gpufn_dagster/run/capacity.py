@@ -218,8 +218,8 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
             CapacityState.WAITING,
             {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.UNSCHEDULABLE.value,
              WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest},
-            Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}; {place}. "
-                  f"Scheduler: {verdict.message}{autoscaler}",
+            Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}"
+                  f"{'; ' + place if place else ''}. Scheduler: {verdict.message}{autoscaler}",
                   {"GPU class": gpu_class.name, "Requested": request, "Waiting since": time_tag(since),
                    "Scheduler message": verdict.message,
                    "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,

@@ -114,7 +114,9 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         if plan.kind is RunKind.PER_STEP:
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: RunKind.PER_STEP.value})
             mixed = (f" (the run mixes GPU classes {', '.join(plan.classes)}, which one worker pod cannot serve)"
-                     if len(plan.classes) > 1 else "")
+                     if len(plan.classes) > 1 else
+                     f" (the run spreads the refresh of {', '.join(plan.fanned_out)} over several GPU workers, "
+                     "a step pod per shard)" if plan.fanned_out else "")
             self._instance.report_engine_event(
                 f"GPU placement per step{mixed}: the run worker is a CPU pod; k8s_job_executor places each GPU "
                 f"step's pod on its class's node pool", run,

@@ -18,7 +18,8 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, CapacityReason, CapacityState, waiting_since
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG, CapacityReason, CapacityState,
+                    waiting_since)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -88,6 +89,7 @@ class RunPlan:
     kind: RunKind
     placement: Placement | None = None
     classes: tuple[str, ...] = ()  # per step: the GPU classes its step pods go to
+    fanned_out: tuple[str, ...] = ()  # per step: Functions whose refresh spreads over several shard pods
 
 
 def _each_placed(requests: dict[str, int], classes_dir: ClassesDir) -> dict[str, Placement]:
@@ -106,16 +108,19 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
     cannot be placed.
 
     With step pods -- always under k8s_job_executor, under gpufn's executor when the run mixes GPU
-    classes -- the run worker only orchestrates: it stays a CPU pod, and each GPU step's pod
+    classes or spreads a refresh over several workers (shard steps) -- the run worker only orchestrates: it stays a CPU pod, and each GPU step's pod
     carries its own class (op tags). Without step pods, one worker runs every step, so all must
     share one class.
     """
-    requests = gpu_requests(run_step_tags(instance, run))
+    step_tags = run_step_tags(instance, run)
+    requests = gpu_requests(step_tags)
     if not requests:
         return RunPlan(RunKind.CPU)
     mode = _job_step_pods(instance, run.job_snapshot_id) if run.job_snapshot_id else StepPods.NEVER
-    if mode is StepPods.ALWAYS or (mode is StepPods.WHEN_CLASSES_MIX and len(requests) > 1):
-        return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(_each_placed(requests, classes_dir))))
+    fanned_out = tuple(sorted({tags[SHARD_TAG] for tags in step_tags if SHARD_TAG in tags}))  # shard steps
+    if mode is StepPods.ALWAYS or (mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out)):
+        return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(_each_placed(requests, classes_dir))),
+                       fanned_out=fanned_out)
     return RunPlan(RunKind.GPU, resolve_placement(requests, cached_gpu_classes(classes_dir)))
 
 

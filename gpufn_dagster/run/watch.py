@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dagster as dg
@@ -42,7 +42,7 @@ from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, CapacityState, w
 from .capacity import Decision, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
-from .placement import CLASS_LABEL
+from .placement import CLASS_LABEL, COUNT_LABEL
 from .shared import RunKind, release_ended_runs
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
@@ -94,6 +94,12 @@ def _job_of(pod: Any) -> tuple[str, str] | None:
     return (name, pod.metadata.namespace) if name else None
 
 
+def _step_of(pod: Any) -> str | None:
+    """The step a step pod of `k8s_job_executor` runs (its `dagster/op` label), None for a run pod."""
+    labels = pod.metadata.labels or {}
+    return labels.get("dagster/op") if labels.get("app.kubernetes.io/component") == "step_worker" else None
+
+
 def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
 
@@ -127,13 +133,15 @@ class CapacityWatcher:
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
                           label_selector=CLASS_LABEL)
-        pods_by_run = {_run_id(p): p for p in pods if _run_id(p)}
+        pods_by_run = {_run_id(p): p for p in pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in jobs if _run_id(j)}
         starting = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING],
                                                      tags={PLACEMENT_TAG: RunKind.GPU.value}))
-        report.runs_checked = len(starting)
+        per_step = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
+                                                     tags={PLACEMENT_TAG: RunKind.PER_STEP.value}))
+        report.runs_checked = len(starting) + len(per_step)
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
-        nodes = self._call(self.core.list_node).items if starting else []
+        nodes = self._call(self.core.list_node).items if starting or per_step else []
 
         verdicts = {}
         for run in starting:
@@ -156,9 +164,41 @@ class CapacityWatcher:
             report.count(gpu_class.name, decision)
             self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
 
+        self._step_pods(per_step, [p for p in pods if _step_of(p)], events, nodes, report, now)
         self._delete_orphans(jobs, report)
         release_ended_runs(self.instance)
         return report
+
+    def _step_pods(self, runs: list[Any], pods: list[Any], events: dict[str, list[Any]], nodes: list[Any],
+                   report: TickReport, now: float) -> None:
+        """Runs placed per step: their GPU step pods (a fanned-out refresh's shards, the steps of a run
+        mixing classes) are reported like a run's pod -- tag and event on the run, naming the step
+        that waits; when several wait, the run's tag and event follow the first of them."""
+        by_run: dict[str, list[Any]] = defaultdict(list)
+        for pod in pods:
+            by_run[_run_id(pod) or ""].append(pod)
+        for run in runs:
+            judged = []
+            for pod in by_run.get(run.run_id, []):
+                labels = pod.metadata.labels or {}
+                gpu_class = self.classes.get(labels.get(CLASS_LABEL, ""))
+                if gpu_class is None:
+                    continue
+                count = int(labels.get(COUNT_LABEL, "1"))
+                verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
+                judged.append((pod, gpu_class, count, verdict))
+            if not judged:
+                continue
+            waiting = [j for j in judged if j[3].state is CapacityState.WAITING]
+            pod, gpu_class, count, verdict = (waiting or judged)[0]
+            decision = decide(verdict, run.tags, gpu_class, count, None, now)
+            if decision.event is not None and verdict.state is CapacityState.WAITING:
+                steps = ", ".join(_step_of(w[0]) for w in waiting)
+                decision = replace(decision, event=replace(
+                    decision.event, message=f"Step {steps}: {decision.event.message}",
+                    metadata={**decision.event.metadata, "Waiting steps": steps}))
+            report.count(gpu_class.name, decision)
+            self._apply(run, decision, _job_of(pod), report)
 
     def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
         """The scheduler's and autoscalers' events about pods that are not bound yet, by pod name."""

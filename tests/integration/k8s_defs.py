@@ -35,11 +35,19 @@ def words(text: str) -> int:
     return len(text.split())
 
 
+@gpu_function(table="frames", column="emb_wide", output_type=pa.list_(pa.float32()), gpu_class="l4", workers=4)
+def embed_wide(text: str) -> list:
+    """A refresh spread over 4 GPU workers of class l4: one shard step (pod) each."""
+    return []
+
+
 per_step = dg.define_asset_job("per_step", selection=["frames__emb_a100", "frames__emb_l4", "frames__words"],
                                executor_def=k8s_job_executor)
 # gpufn's executor (build_definitions' default): step pods only for a run that mixes GPU classes.
 auto = dg.define_asset_job("auto", selection=["frames__emb_a100", "frames__emb_l4", "frames__words"],
                            executor_def=gpu_classes_executor)
 
-defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words], jobs=[per_step, auto],
+fanned = dg.define_asset_job("fanned", selection=["frames__emb_wide"], executor_def=gpu_classes_executor)
+
+defs = dg.Definitions(assets=[frames, embed_a100, embed_l4, caption, words, embed_wide], jobs=[per_step, auto, fanned],
                       resources={"lancedb": LanceDBResource(uri="/nonexistent")})

@@ -16,9 +16,9 @@ from dagster._core.test_utils import instance_for_test
 from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
-from ..conftest import NODES_PER_CLASS, wait_for
+from ..conftest import CLASSES, NODES_PER_CLASS, wait_for
 from .test_k8s_cluster import a100, gpu_pod
-from .test_launcher import launcher_config, materialize
+from .test_launcher import fanned_out_run, launcher_config, materialize, shard_step_pods
 
 pytestmark = pytest.mark.k8s
 
@@ -243,3 +243,32 @@ def test_a_pod_its_job_is_replacing_is_reported_not_failed(cluster, core, namesp
     assert report.failed_runs == []
     assert any("pod is gone (deleted, or its node was lost); its Job" in m for m in messages(instance, run_id))
     core.delete_namespaced_resource_quota("no-more-pods", namespace)
+
+
+def test_a_shard_pod_waiting_for_its_class_is_reported_on_the_run_naming_the_shard(cluster, core, namespace, instance,
+                                                                                   watcher):
+    l4 = load_gpu_classes(CLASSES)["l4"]
+    # Every GPU of the l4 pool but one is taken: one shard fits, the other three wait.
+    fills = [f"fill-l4-{i}" for i in range(NODES_PER_CLASS)]
+    for i, name in enumerate(fills):
+        core.create_namespaced_pod(namespace, gpu_pod(name, l4, l4.max_gpu_count_per_worker - (1 if i == 0 else 0)))
+    for name in fills:
+        wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase == "Running", what=name)
+    run = fanned_out_run(cluster, namespace, instance)
+    pods = shard_step_pods(cluster, namespace, instance, run, range(4))
+    unbound = lambda: [p for p in pods if not core.read_namespaced_pod(p, namespace).spec.node_name]  # noqa: E731
+    wait_for(lambda: len(unbound()) == 3 and all(
+        any(c.reason == "Unschedulable" for c in core.read_namespaced_pod(p, namespace).status.conditions or [])
+        for p in unbound()), what="three shards Unschedulable")
+    watcher.tick()
+    run = instance.get_run_by_id(run.run_id)
+    assert run.tags["gpufn/capacity"] == "waiting" and run.status != DagsterRunStatus.FAILURE
+    (event,) = [m for m in messages(instance, run.run_id) if "Waiting for GPU capacity" in m]
+    assert "Step frames__emb_wide.frames__emb_wide_shard-shard_" in event and "since" in event, event
+    assert event.count("frames__emb_wide_shard-shard_") == 3 and "class 'l4'" in event, event
+
+    core.delete_namespaced_pod(fills[1], namespace)  # a node frees: the waiting shards are placed
+    wait_for(lambda: not unbound(), what="the waiting shards scheduled")
+    watcher.tick()
+    assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity"] == "scheduled"
+    assert any("GPU capacity arrived" in m for m in messages(instance, run.run_id))

@@ -314,6 +314,66 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
         assert [source.secret_ref.name for source in container.env_from or []] == ["gpufn-object-store"], step.key
 
 
+def shard_step_pods(cluster, namespace: str, instance, run, shards: range) -> list[str]:
+    """Create the shard steps' Jobs as dagster-k8s's step handler makes them from the step's op tags
+    (KWOK runs no step worker to launch them); returns their pods' names."""
+    from types import SimpleNamespace
+
+    from dagster_k8s.container_context import K8sContainerContext
+    from dagster_k8s.executor import K8sStepHandler
+    from dagster_k8s.job import construct_dagster_k8s_job
+
+    handler = K8sStepHandler(image="gpufn/worker:test", container_context=K8sContainerContext(namespace=namespace),
+                             load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    (shard_step,) = [step for step in plan.steps if "_shard" in step.key]
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    names = []
+    for index in shards:
+        key = shard_step.key.replace("[?]", f"[shard_{index}]")
+        context = SimpleNamespace(
+            dagster_run=run, instance=instance, step_tags={key: shard_step.tags},
+            execute_step_args=SimpleNamespace(step_keys_to_execute=[key]),
+            get_step_context=lambda k: SimpleNamespace(step=SimpleNamespace(op_name=k)))
+        container_context = handler._get_container_context(context)
+        job_name = f"shard-{index}-{run.run_id[:8]}"
+        batch.create_namespaced_job(namespace, construct_dagster_k8s_job(
+            job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
+                                                            run_launcher=instance.run_launcher),
+            args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
+            user_defined_k8s_config=container_context.run_k8s_config,
+            labels={"dagster/run-id": run.run_id, "dagster/op": key,
+                    "shard": job_name}))
+        names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"shard={n}").items,
+                              what=f"{job_name} pod")[0].metadata.name)
+    return names
+
+
+def fanned_out_run(cluster, namespace: str, instance):
+    """Materialize the Function spread over 4 workers: placed per step, its run worker a CPU pod."""
+    run_id = materialize(instance, "frames__emb_wide", job="fanned")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step", [e.message for e in instance.all_logs(run_id)]
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+    return run
+
+
+def test_each_shard_of_a_fanned_out_refresh_gets_a_step_pod_on_its_class(cluster, namespace, instance):
+    run = fanned_out_run(cluster, namespace, instance)
+    events = [e.message for e in instance.all_logs(run.run_id) if e.is_dagster_event and e.message]
+    assert any("spreads the refresh of frames__emb_wide over several GPU workers" in m for m in events), events
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    for name in shard_step_pods(cluster, namespace, instance, run, range(4)):
+        node_name = wait_for(lambda p=name: core.read_namespaced_pod(p, namespace).spec.node_name,
+                             what=f"{name} scheduled")
+        assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == "l4", name
+        spec = core.read_namespaced_pod(name, namespace).spec
+        assert spec.containers[0].resources.limits["nvidia.com/gpu"] == "1", name
+        assert spec.node_selector["cloud.google.com/gke-accelerator"] == "nvidia-l4", name
+
+
 def _launch_error_text(instance, run_id: str) -> str:
     """The messages of the run's errors and their causes, as written (not as a repr escapes them)."""
     texts = []

@@ -434,6 +434,31 @@ def test_two_functions_and_an_append_at_once_lose_nothing(db_uri, tmp_path: Path
     assert sum("gpufn refresh docs__right " in m for m in messages) == 1
 
 
+# 8c. A long refresh publishes finished fragments as it goes ---------------------------------------
+
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
+def test_publish_every_rows_shows_finished_fragments_before_the_refresh_ends(db_uri):
+    table = create(db_uri, docs(100), "docs")
+    for start in range(100, 400, 100):
+        table.add(docs(100, start=start))  # four fragments, refreshed in order (concurrency 1)
+    uri = table.to_lance().uri
+    seen: dict[str, int] = {}
+
+    def shout(text: str) -> str:
+        if text == "doc 300":  # the last fragment starts: what does a reader see now?
+            seen["filled"] = lance.dataset(uri).count_rows("shout IS NOT NULL")
+        return text.upper()
+
+    function = make_function(shout, table="docs", column="shout", publish_every_rows=150)
+    result = refresh_column(uri, function, concurrency=1)
+    assert seen["filled"] == 200  # fragments 0 and 1 were published while fragment 3 was computing
+    assert result.rows_computed == 400 and result.versions_published == 2
+    kinds = [type(t.operation).__name__ for t in TableFiles(uri).dataset().get_transactions() if t is not None]
+    assert kinds.count("DataReplacement") == 2, kinds  # two intermediate commits, nothing left for a final one
+    assert lance.dataset(uri).count_rows("shout IS NULL") == 0
+    assert refresh_column(uri, function, concurrency=1).rows_computed == 0
+
+
 # 9. The version covers the code a Function calls ----------------------------------------------
 
 def write_module(root: Path, name: str, source: str):

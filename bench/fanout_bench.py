@@ -1,0 +1,201 @@
+"""Scaling out (issue 9), side by side in one run:
+
+1. `fanout`: one Function refresh spread over N = 1, 2, 4, 8 GPU workers on the same table, as a
+   user runs it -- a real Dagster run through the embedded coordinator and its daemon, the
+   multiprocess executor, one process per shard, each on a local slot of its class. The Function
+   sleeps a fixed time per call (a stand-in for a GPU kernel: the wait is the device's, so the 2
+   cores are not the limit). Reported: wall time of the run (from launch to its end, Dagster's
+   start-up included) and of its shard phase (first shard start to last shard end), and the
+   speed-up over N = 1.
+2. `storage`: the same refresh (`refresh_column`, a trivial batch Function) of the same table on a
+   local directory and on the object store (SeaweedFS on this machine, S3 API): rows/s of each and
+   the ratio.
+3. `plan`: planning a refresh of a 10M-row table after 1 % of its rows changed (`plan_refresh`,
+   fragment metadata only): its time, and how many fragments and rows it plans.
+
+    .venv/bin/python bench/fanout_bench.py --rows 96000 --storage-rows 1000000 --plan-rows 10000000
+
+Writes bench/results/fanout.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+BATCH, SLEEP = 256, 0.1  # rows per call, seconds per call
+
+DEFS = textwrap.dedent(f"""
+    import time
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from gpufn_dagster import build_definitions, gpu_function
+
+    def kernel(text: pa.Array) -> pa.Array:
+        time.sleep({SLEEP})  # the device's time, not the CPU's
+        return pc.utf8_length(text)
+
+    asset = gpu_function(table="docs", column="size", output_type=pa.int32(), gpu_class="bench", workers=8,
+                         batch_size={BATCH}, adapt_batch_size=False)(kernel)
+    defs = build_definitions(assets=[asset])
+""")
+BENCH_CLASS = ("name: bench\ngpu_model: SIMULATED\ngpu_memory: 16GiB\nmax_gpu_count_per_worker: 1\n"
+               "local: {slots: 8, devices: ['0', '1', '2', '3', '4', '5', '6', '7']}\n")
+
+
+def fanout(rows: int, workers: list[int]) -> list[dict]:
+    import lancedb
+    import pyarrow as pa
+    from dagster import DagsterEventType, DagsterRunStatus
+    from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
+    from dagster._core.workspace.load_target import PythonFileTarget
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    base = Path(tempfile.mkdtemp(prefix="gpufn-fanout-"))
+    classes = base / "classes"
+    shutil.copytree(ROOT / "classes", classes)
+    (classes / "bench.yaml").write_text(BENCH_CLASS)
+    (base / "bench_defs.py").write_text(DEFS)
+    os.environ.update(GPUFN_CLASSES_DIR=str(classes))
+    results = []
+    for n in workers:
+        db = base / f"db-{n}"
+        os.environ["GPUFN_LANCEDB_URI"] = str(db)
+        lancedb.connect(str(db)).create_table("docs", pa.table({"id": list(range(rows)),
+                                                                "text": [f"doc {i}" for i in range(rows)]}))
+        overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
+                                         "config": {"classes_dir": str(classes)}}}
+        target = PythonFileTarget(python_file=str(base / "bench_defs.py"), attribute="defs", working_directory=None,
+                                  location_name="bench")
+        with instance_for_test(overrides=overrides) as instance, \
+                create_test_daemon_workspace_context(target, instance) as workspace:
+            daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+            started = time.monotonic()
+            launched = execute_dagster_graphql(workspace.create_request_context(), LAUNCH_PIPELINE_EXECUTION_MUTATION,
+                                               variables={"executionParams": {
+                "selector": {"repositoryLocationName": "bench", "repositoryName": "__repository__",
+                             "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": ["docs__size"]}]},
+                "runConfigData": {"ops": {"docs__size": {"ops": {"docs__size_plan": {"config": {"workers": n}}}}}},
+                "mode": "default"}}).data["launchPipelineExecution"]
+            run_id = launched["run"]["runId"]
+            while instance.get_run_by_id(run_id).status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
+                list(daemon.run_iteration(workspace))
+                time.sleep(0.2)
+            wall = time.monotonic() - started
+            assert instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS
+            starts = [e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
+                      if "_shard[" in (e.step_key or "")]
+            ends = [e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)
+                    if "_shard[" in (e.step_key or "")]
+        results.append({"workers": n, "rows": rows, "run_seconds": round(wall, 2),
+                        "shard_phase_seconds": round(max(ends) - min(starts), 2),
+                        "device_seconds": round(rows / BATCH * SLEEP, 1)})
+        print(results[-1], flush=True)
+    one = results[0]
+    for r in results:
+        r["speedup_run"] = round(one["run_seconds"] / r["run_seconds"], 2)
+        r["speedup_shards"] = round(one["shard_phase_seconds"] / r["shard_phase_seconds"], 2)
+    shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def storage(rows: int) -> list[dict]:
+    import lance
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from gpufn_dagster import make_function, refresh_column
+    from gpufn_devcluster.cluster import binaries_dir
+    from gpufn_devcluster.objectstore import ObjectStore
+
+    def size(text: pa.Array) -> pa.Array:
+        return pc.utf8_length(text)
+
+    function = make_function(size, table="docs", column="size", output_type=pa.int32(), batch_size=4096)
+    data = pa.table({"id": pa.array(range(rows), pa.int64()), "text": [f"document number {i}" for i in range(rows)]})
+    base = Path(tempfile.mkdtemp(prefix="gpufn-storage-"))
+    out = []
+    with ObjectStore(binaries_dir()) as store:
+        for name, uri, options in [("local", str(base / "docs.lance"), None),
+                                   ("object store", store.uri("bench") + "/docs.lance", store.storage_options)]:
+            lance.write_dataset(data, uri, max_rows_per_file=rows // 8, storage_options=options)
+            result = refresh_column(uri, function, storage_options=options)
+            assert result.rows_computed == rows
+            out.append({"storage": name, "rows": rows, "wall_seconds": round(result.wall_seconds, 2),
+                        "rows_per_second": round(rows / result.wall_seconds)})
+            print(out[-1], flush=True)
+    out[1]["vs_local"] = round(out[1]["rows_per_second"] / out[0]["rows_per_second"], 2)
+    shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def plan(rows: int) -> dict:
+    import lance
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from gpufn_dagster import make_function, refresh_column
+    from gpufn_dagster.refresh.fanout import plan_refresh
+
+    def size(text: pa.Array) -> pa.Array:
+        return pc.utf8_length(text)
+
+    function = make_function(size, table="docs", column="size", output_type=pa.int32(), batch_size=65536)
+    uri = tempfile.mkdtemp(prefix="gpufn-plan-") + "/docs.lance"
+    step = 1_000_000
+    for start in range(0, rows, step):
+        ids = pa.array(range(start, start + step), pa.int64())
+        lance.write_dataset(pa.table({"id": ids, "text": pc.cast(ids, pa.string())}), uri,
+                            mode="append" if start else "create", max_rows_per_file=step)
+    refresh_column(uri, function)  # every row current
+    dataset = lance.dataset(uri)
+    dataset.update({"text": "'changed'"}, where="id % 100 = 0")  # 1 % of the rows, in every fragment
+    started = time.monotonic()
+    planned = plan_refresh(uri, function, workers=8, lease_token="bench")
+    seconds = time.monotonic() - started
+    result = {"rows": lance.dataset(uri).count_rows(), "fragments": len(lance.dataset(uri).get_fragments()),
+              "fragments_planned": planned.fragments, "rows_planned": planned.rows, "plan_seconds": round(seconds, 3)}
+    print(result, flush=True)
+    shutil.rmtree(Path(uri).parent, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=96_000, help="rows of the fan-out table")
+    parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument("--storage-rows", type=int, default=1_000_000)
+    parser.add_argument("--plan-rows", type=int, default=10_000_000)
+    parser.add_argument("--only", choices=["fanout", "storage", "plan"])
+    args = parser.parse_args()
+    results: dict = {}
+    if args.only in (None, "fanout"):
+        results["fanout"] = fanout(args.rows, [int(n) for n in args.workers.split(",")])
+    if args.only in (None, "storage"):
+        results["storage"] = storage(args.storage_rows)
+    if args.only in (None, "plan"):
+        results["plan"] = plan(args.plan_rows)
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "fanout.json").write_text(json.dumps(results, indent=2))
+    if "fanout" in results:
+        print("\n| workers | run s | shard phase s | device s (1 worker) | speed-up (run) | speed-up (shards) |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in results["fanout"]:
+            print(f"| {r['workers']} | {r['run_seconds']} | {r['shard_phase_seconds']} | {r['device_seconds']} | "
+                  f"{r['speedup_run']} | {r['speedup_shards']} |")
+
+
+if __name__ == "__main__":
+    main()
