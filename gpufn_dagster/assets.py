@@ -9,24 +9,25 @@ the asset and no registry outside the definitions can go stale or be silently re
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
 from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir
+from .asset_spec import reads
 from .errors import FunctionDefinitionError
 from .fanout_asset import fanout_asset
 from .functions import Function, make_function
 from .options import document_options
 from .refresh.engine import Progress, refresh_column
-from .asset_spec import reads
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
 from .run.placement import Placement, placement_k8s_config
 from .run.slots import step_slot
-from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, gpu_pool, gpu_tags)
+from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, READS_METADATA_KEY,
+                   gpu_pool, gpu_tags)
 
 def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClass:
     """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
@@ -85,8 +86,8 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 
 
-def function_asset(function: Function, *, classes_dir: ClassesDir = None,
-                   declared_in: str | None = None) -> dg.AssetsDefinition:
+def function_asset(function: Function, *, classes_dir: ClassesDir = None, declared_in: str | None = None,
+                   upstream: Mapping[dg.AssetKey, Function] | None = None) -> dg.AssetsDefinition:
     """A Dagster asset whose materialization refreshes the Function's column.
 
     Args:
@@ -94,8 +95,13 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
         classes_dir: the GPU class files its class is checked against (default `$GPUFN_CLASSES_DIR`
             or `./classes`).
         declared_in: the file that declared it (YAML), named in load errors.
+        upstream: the Function assets whose columns it reads (`build_definitions` finds them):
+            it depends on them and its refresh refuses to start while one is not current.
     """
-    gpu_class = resolve_class(function, classes_dir) if function.gpu else None
+    gpu_class = resolve_class(function, classes_dir or function.classes_dir) if function.gpu else None
+    metadata = _asset_metadata(function, declared_in)
+    if upstream:
+        metadata[READS_METADATA_KEY] = ObjectMetadataValue(tuple(upstream.values()))
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
     op_tags = dict(tags)
     if gpu_class is not None:
@@ -104,12 +110,12 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None
     if function.workers > 1:
-        return fanout_asset(function, gpu_class, tags=tags, op_tags=op_tags, pool=pool,
-                            metadata=_asset_metadata(function, declared_in))
+        return fanout_asset(function, gpu_class, tags=tags, op_tags=op_tags, pool=pool, metadata=metadata,
+                            upstream=list(upstream or ()))
 
     @dg.asset(
         name=function.name,
-        deps=[dg.AssetKey(function.source_asset)],
+        deps=[dg.AssetKey(function.source_asset), *(upstream or ())],
         tags=tags,
         op_tags=op_tags,
         kinds={"lance", "gpu" if function.gpu else "cpu"},
@@ -118,7 +124,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None,
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,
-        metadata=_asset_metadata(function, declared_in),
+        metadata=metadata,
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         return _materialize(context, lancedb, function, gpu_class)

@@ -20,6 +20,7 @@ import dagster as dg
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
 from .asset_spec import declared_in, function_of
+from .assets import function_asset
 from .errors import FunctionDefinitionError
 from .functions import Function
 from .refresh.columns import is_function_column
@@ -61,7 +62,10 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         upstream = upstream_functions(function, list(functions.values())) if function else []
         keys = [key for key, other in functions.items() if any(other is u for u in upstream)]
-        if keys:
+        if keys and function.workers > 1:  # a graph asset: its dependencies are fixed when it is made
+            asset = function_asset(function, declared_in=declared_in(asset),
+                                   upstream={k: functions[k] for k in keys})
+        elif keys:
             asset = asset.map_asset_specs(lambda spec, up=keys, read=tuple(upstream): spec.replace_attributes(
                 deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})],
                 metadata={**spec.metadata, READS_METADATA_KEY: ObjectMetadataValue(read)}))

@@ -44,10 +44,10 @@ def _token(context: dg.OpExecutionContext) -> str:
     return context.run.root_run_id or context.run.run_id
 
 
-def _plan_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinition:
+def _plan_op(function: Function, gpu_class: GpuClass | None, upstream: int) -> dg.OpDefinition:
     @dg.op(
         name=f"{function.name}_plan",
-        ins={"source": dg.In(dg.Nothing)},
+        ins={"source": dg.In(dg.Nothing), **{f"upstream_{i}": dg.In(dg.Nothing) for i in range(upstream)}},
         out={"shards": dg.DynamicOut(Shard, io_manager_key=STEP_OUTPUTS_KEY),
              "plan": dg.Out(RefreshPlan, io_manager_key=STEP_OUTPUTS_KEY)},
         config_schema={"workers": dg.Field(int, default_value=function.workers,
@@ -151,23 +151,27 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
 
 
 def fanout_asset(function: Function, gpu_class: GpuClass | None, *, tags: dict[str, str], op_tags: dict[str, str],
-                 pool: str | None, metadata: dict[str, Any]) -> dg.AssetsDefinition:
-    """The Function's asset as plan -> shards -> commit (see the module docstring)."""
-    plan_op, shard_op, commit_op = _plan_op(function, gpu_class), _shard_op(function, gpu_class, op_tags, pool), \
-        _commit_op(function, gpu_class)
+                 pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
+    """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
+    the Function assets whose columns it reads (a graph asset's dependencies are fixed when it is made)."""
+    plan_op, shard_op, commit_op = (_plan_op(function, gpu_class, len(upstream)),
+                                    _shard_op(function, gpu_class, op_tags, pool), _commit_op(function, gpu_class))
 
     with warnings.catch_warnings():
         # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so
         # that no user has to configure one for it, and the warning would repeat on every load.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _graph_asset(function, plan_op, shard_op, commit_op, tags, metadata)
+        return _graph_asset(function, plan_op, shard_op, commit_op, tags, metadata, upstream)
 
 
-def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDefinition,
-                 commit_op: dg.OpDefinition, tags: dict[str, str], metadata: dict[str, Any]) -> dg.AssetsDefinition:
+def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDefinition, commit_op: dg.OpDefinition,
+                 tags: dict[str, str], metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
+    ins = {"source": dg.AssetIn(key=dg.AssetKey(function.source_asset), dagster_type=dg.Nothing),
+           **{f"upstream_{i}": dg.AssetIn(key=key, dagster_type=dg.Nothing) for i, key in enumerate(upstream)}}
+
     @dg.graph_asset(
         name=function.name,
-        ins={"source": dg.AssetIn(key=dg.AssetKey(function.source_asset), dagster_type=dg.Nothing)},
+        ins=ins,
         tags=tags,
         kinds={"lance", "gpu" if function.gpu else "cpu"},
         code_version=function.version,
@@ -176,8 +180,8 @@ def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDe
         metadata=metadata,
         resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
     )
-    def _refresh(source):
-        planned = plan_op(source)
+    def _refresh(**after):
+        planned = plan_op(**after)
         results = planned.shards.map(lambda shard: shard_op(shard, planned.plan)).collect()
         return commit_op(planned.plan, results)
 

@@ -92,6 +92,7 @@ class Function:
     workers: int = 1  # GPU workers (shards) one refresh spreads over
     max_gpus: int | None = None  # the most GPUs one refresh holds at once
     publish_every_rows: int | None = None  # intermediate commits as fragments finish (None: one commit)
+    classes_dir: str | None = None  # where its class was declared (None: $GPUFN_CLASSES_DIR or ./classes)
 
     @property
     def sig_column(self) -> str:
@@ -332,4 +333,5 @@ def make_function(target: Any, **options: Any) -> Function:
         workers=opts.workers,
         max_gpus=opts.max_gpus,
         publish_every_rows=opts.publish_every_rows,
+        classes_dir=opts.classes_dir,
     )

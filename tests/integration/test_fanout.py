@@ -184,3 +184,28 @@ def test_a_users_append_during_a_fanned_out_refresh_is_kept_and_the_launchpad_se
         again = run()
         assert again.status == DagsterRunStatus.SUCCESS
         assert sorted(text for text, _, _ in calls(log)) == sorted(f"doc {i}" for i in range(9000, 9100))
+
+
+def test_a_fanned_out_function_reading_another_functions_column_runs_after_it(db_uri, monkeypatch):
+    import dagster as dg
+
+    from gpufn_dagster import build_definitions, gpu_function
+
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(3000)),
+                                                            "text": [f"doc {i}" for i in range(3000)]}))
+
+    @gpu_function(table="docs", column="shout", workers=3)
+    def shout(text: str) -> str:
+        return text.upper()
+
+    @gpu_function(table="docs", column="size", workers=2)
+    def size(shout: str) -> int:
+        return len(shout)
+
+    defs = build_definitions(assets=[size, shout], db_uri=db_uri)
+    graph = defs.resolve_asset_graph()
+    assert dg.AssetKey("docs__shout") in graph.get(dg.AssetKey("docs__size")).parent_keys
+    result = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    data = lancedb.connect(db_uri).open_table("docs").to_lance().to_table(columns=["text", "size"]).to_pydict()
+    assert data["size"] == [len(t) for t in data["text"]]
