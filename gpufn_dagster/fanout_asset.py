@@ -135,7 +135,7 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
                     shards: list[ShardResult]) -> dict[str, Any]:
     """The one-worker figures, with GPU time summed over the shards, plus the plan and each shard."""
     metadata = refresh_metadata(function, gpu_class, result)
-    gpu_seconds = sum(s.wall_seconds for s in shards) * function.gpu_count
+    gpu_seconds = sum((s.wall_seconds for s in shards), 0.0) * function.gpu_count
     if "gpu_seconds" in metadata:
         metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
         if gpu_class is not None and gpu_class.price_per_gpu_hour is not None:

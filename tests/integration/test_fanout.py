@@ -194,7 +194,7 @@ def test_a_fanned_out_function_reading_another_functions_column_runs_after_it(db
     lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(3000)),
                                                             "text": [f"doc {i}" for i in range(3000)]}))
 
-    @gpu_function(table="docs", column="shout", workers=3)
+    @gpu_function(table="docs", column="shout", workers=3, gpu_class="default")
     def shout(text: str) -> str:
         return text.upper()
 
@@ -209,3 +209,8 @@ def test_a_fanned_out_function_reading_another_functions_column_runs_after_it(db
     assert result.success
     data = lancedb.connect(db_uri).open_table("docs").to_lance().to_table(columns=["text", "size"]).to_pydict()
     assert data["size"] == [len(t) for t in data["text"]]
+    # Nothing stale: the plan makes no shard, and the commit still reports a materialization.
+    again = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
+    shard_steps = {e.step_key for e in again.all_events if e.event_type_value == "STEP_START" and "_shard[" in e.step_key}
+    metadata = [{k: v.value for k, v in m.materialization.metadata.items()} for m in again.get_asset_materialization_events()]
+    assert again.success and shard_steps == set() and [m["rows_computed"] for m in metadata] == [0, 0]
