@@ -1,0 +1,237 @@
+"""One real node for the test control plane: a kubelet (built from the pinned Kubernetes module)
+with Debian's containerd and runc, so a pod the launcher or `k8s_job_executor` built really runs.
+
+No registry is reachable here, so the two images it needs are made locally and imported into
+containerd: the pod sandbox's `pause` (built by tools/k8s/build.sh) and `gpufn.local/worker:1`,
+an empty image whose pods mount the host's Python, virtualenv and checkout (hostPath) and use the
+host's network, so they reach the suite's object store on 127.0.0.1. The node carries a GPU class's
+labels and taint, and the class's GPU resource is advertised as an extended resource.
+
+Settings this machine needs, each found by trying: cgroup v1 (`failCgroupV1: false`, cgroupfs);
+`restrict_oom_score_adj` in containerd (lowering a sandbox's OOM score is refused here, and runc
+then dies with "can't get final child's PID from pipe"); a loopback-only CNI config (pods use the
+host network, but the runtime reports its network ready only with one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufn_dagster.classes import GpuClass
+
+from .cluster import ClusterError, DevCluster
+from .processes import free_port, spawn, stop_all
+
+PAUSE_IMAGE = "gpufn.local/pause:1"
+WORKER_IMAGE = "gpufn.local/worker:1"
+REAL_NODE_LABEL = "gpufn.dev/real-node"
+CNI_BIN = Path("/usr/lib/cni")
+HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ssl", "/root", "/work", "/tmp")  # what a pod mounts
+
+
+def missing_runtime() -> str | None:
+    """What this machine lacks to run a real node (None: nothing)."""
+    absent = [name for name in ("containerd", "runc") if shutil.which(name) is None]
+    if not (CNI_BIN / "loopback").exists():
+        absent.append("containernetworking-plugins")
+    if absent:
+        return (f"{', '.join(absent)} not installed (Debian: apt-get install containerd runc "
+                "containernetworking-plugins)")
+    return None
+
+
+def _blob(data: bytes) -> tuple[str, bytes]:
+    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+
+def oci_archive(files: dict[str, bytes], name: str, entrypoint: list[str]) -> bytes:
+    """A one-layer OCI image archive (what `ctr images import` takes) holding `files` (path -> bytes)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        for path, data in sorted(files.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    layer_digest, layer_data = _blob(layer.getvalue())
+    config_digest, config_data = _blob(json.dumps({
+        "architecture": "amd64", "os": "linux", "config": {"Entrypoint": entrypoint},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}).encode())
+    manifest_digest, manifest_data = _blob(json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
+                   "size": len(config_data)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                    "size": len(layer_data)}]}).encode())
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
+        "size": len(manifest_data), "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path, data in [("oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode()),
+                           ("index.json", json.dumps(index).encode()),
+                           *((f"blobs/sha256/{d.split(':')[1]}", b) for d, b in
+                             [(layer_digest, layer_data), (config_digest, config_data),
+                              (manifest_digest, manifest_data)])]:
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@dataclass
+class RealNode:
+    """A kubelet + containerd node named `name`, joined to `cluster` as a node of `gpu_class`."""
+
+    bin_dir: Path
+    cluster: DevCluster
+    gpu_class: GpuClass
+    gpus: int = 1
+    name: str = "real-0"
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpufn-node-")))
+    processes: dict = field(default_factory=dict)
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / "containerd.sock"
+
+    def __enter__(self) -> RealNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120.0) -> None:
+        self._containerd()
+        for name, files, entrypoint in [
+                (PAUSE_IMAGE, {"pause": (self.bin_dir / "pause").read_bytes()}, ["/pause"]),
+                (WORKER_IMAGE, {"etc/gpufn-worker-image": b"a pod of the suite's real node\n"}, [])]:
+            archive = self.workdir / f"{name.split('/')[1].replace(':', '-')}.tar"
+            archive.write_bytes(oci_archive(files, name, entrypoint))
+            self._ctr("images", "import", str(archive))
+        self._kubelet()
+        core = self.cluster_api()
+        deadline = time.monotonic() + timeout
+        while not self._ready(core):
+            if self.processes["kubelet"].poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(f"kubelet did not make node {self.name} Ready:\n{self._tail('kubelet')}")
+            time.sleep(0.5)
+        core.patch_node_status(self.name, {"status": {"capacity": {self.gpu_class.resource_name: str(self.gpus)}}})
+        while (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name) != str(self.gpus):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"node {self.name} never showed {self.gpus} {self.gpu_class.resource_name}")
+            time.sleep(0.5)
+
+    def pod_logs(self, pod: str) -> str:
+        """What the pod's containers wrote (the kubelet's log files), for a failure's message."""
+        return "\n".join(path.read_text(errors="replace")[-3000:] for path in (self.workdir / "pods").glob(f"*_{pod}_*/*/*.log"))
+
+    def cluster_api(self) -> Any:
+        import kubernetes
+
+        return kubernetes.client.CoreV1Api(self.cluster.api_client())
+
+    def _ready(self, core: Any) -> bool:
+        try:
+            node = core.read_node(self.name)
+        except Exception:  # noqa: BLE001 - not registered yet
+            return False
+        return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+    def _tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def _ctr(self, *args: str) -> None:
+        done = subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ClusterError(f"ctr {' '.join(args)} failed: {done.stderr[-2000:]}")
+
+    def _containerd(self, timeout: float = 30.0) -> None:
+        (self.workdir / "cni").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "cni" / "10-loopback.conflist").write_text(json.dumps(
+            {"cniVersion": "1.0.0", "name": "gpufn-host", "plugins": [{"type": "loopback"}]}))
+        config = self.workdir / "containerd.toml"
+        config.write_text(f"""version = 2
+root = "{self.workdir}/containerd/root"
+state = "{self.workdir}/containerd/state"
+[grpc]
+  address = "{self.socket}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{self.workdir}/cni"
+""")
+        self.processes["containerd"] = spawn(Path(shutil.which("containerd") or "containerd"),
+                                             ["--config", str(config)], self.workdir / "containerd.log", self.workdir)
+        deadline = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.processes["containerd"].poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(f"containerd did not start:\n{self._tail('containerd')}")
+            time.sleep(0.2)
+
+    def _kubelet(self) -> None:
+        taints = "".join(f"\n  - {{key: {t.key}, value: {t.value or ''}, effect: {t.effect}}}"
+                         for t in self.gpu_class.tolerations if t.key and t.operator == "Equal")
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+port: {free_port()}
+readOnlyPort: 0
+healthzPort: 0
+containerRuntimeEndpoint: unix://{self.socket}
+evictionHard: {{}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+localStorageCapacityIsolation: false
+podLogsDir: {self.workdir / "pods"}
+registerWithTaints:{taints or " []"}
+""")
+        labels = {**self.gpu_class.node_selector, "gpufn.dev/pool": self.gpu_class.name, REAL_NODE_LABEL: "true"}
+        self.processes["kubelet"] = spawn(self.bin_dir / "kubelet", [
+            f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", f"--root-dir={self.workdir / 'kubelet'}",
+            f"--cert-dir={self.workdir / 'pki'}", f"--hostname-override={self.name}", "--node-ip=127.0.0.1",
+            "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items())],
+            self.workdir / "kubelet.log", self.workdir)
+
+    def stop(self) -> None:
+        """Stop the kubelet, then every pod's containers and containerd; remove the node and the workdir."""
+        kubelet = {k: v for k, v in self.processes.items() if k == "kubelet"}
+        stop_all(kubelet)
+        if "containerd" in self.processes:
+            subprocess.run(["bash", "-c", f"for t in $(ctr --address {self.socket} -n k8s.io tasks ls -q); do "
+                                          f"ctr --address {self.socket} -n k8s.io tasks kill -s KILL $t; done"],
+                           capture_output=True)
+        stop_all({k: v for k, v in self.processes.items() if k != "kubelet"})
+        self.processes.clear()
+        subprocess.run(["bash", "-c", f"grep -o '{self.workdir}[^ ]*' /proc/mounts | sort -r | xargs -r umount -l"],
+                       capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
