@@ -4,7 +4,8 @@ class `wide` (a test class with 4 local slots, each its own device).
 The Function logs every row it computes, with the device its slot gave it and its process, to
 `$GPUFN_TEST_LOG`; it kills its own process once (SIGKILL) when it meets the row named by
 `$GPUFN_TEST_KILL_AT` and `$GPUFN_TEST_KILLED` does not exist yet, and always fails on the row
-named by `$GPUFN_TEST_FAIL_AT`.
+named by `$GPUFN_TEST_FAIL_AT`. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
+at its first row until 4 processes have arrived: all 4 shards then hold their slots at once.
 """
 
 import os
@@ -14,7 +15,23 @@ import time
 from gpufn_dagster import build_definitions, gpu_function
 
 
+_arrived = False
+
+
+def _meet_the_others(barrier: str, workers: int = 4) -> None:
+    global _arrived
+    if _arrived:
+        return
+    open(os.path.join(barrier, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 300  # a hang guard only
+    while len(os.listdir(barrier)) < workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _arrived = True
+
+
 def shout(text: str) -> str:
+    if os.environ.get("GPUFN_TEST_BARRIER"):
+        _meet_the_others(os.environ["GPUFN_TEST_BARRIER"])
     if text == os.environ.get("GPUFN_TEST_FAIL_AT"):
         raise ValueError(f"cannot shout {text!r}")
     if text == os.environ.get("GPUFN_TEST_KILL_AT") and not os.path.exists(os.environ["GPUFN_TEST_KILLED"]):
