@@ -21,7 +21,8 @@ from .errors import FunctionDefinitionError
 from .fanout_asset import fanout_asset
 from .functions import Function, make_function
 from .options import document_options
-from .refresh.engine import Progress, refresh_column
+from .refresh.engine import refresh_column
+from .refresh.progress import Progress
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
 from .run.placement import Placement, placement_k8s_config

@@ -11,8 +11,8 @@ storage:
 - `write` replaces an object whole; a reader sees the old one or the new one, never half
   (object stores by nature; locally a temporary file renamed into place).
 - `create` writes an object only if none has that name, and says whether it did: the one atomic
-  step leases are built on (`If-None-Match: *` on S3, a hard link locally). Stores without
-  conditional writes are refused by the store, not silently raced.
+  step leases are built on (`If-None-Match: *` on S3, a hard link locally). A store that ignores
+  conditional writes cannot make it atomic (nor Lance's commits): the README says what to do there.
 """
 
 from __future__ import annotations
