@@ -27,16 +27,12 @@ import yaml
 from gpufn_dagster.classes import GpuClass
 from .nodes import FAKE_NODE_LABEL, cpu_nodes, gpu_nodes
 from .pki import write_pki
-from .processes import free_port, spawn, stop_all
+from .processes import ClusterError, free_port, log_tail, spawn, stop_all, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
 STAGES = Path(__file__).with_name("stages.yaml")
 BIN_DIR_ENV = "GPUFN_K8S_BIN"
-
-
-class ClusterError(RuntimeError):
-    """A control-plane component failed to build, start or become ready; the message has its log tail."""
 
 
 def binaries_dir() -> Path:
@@ -82,22 +78,10 @@ class DevCluster:
         self.processes[name] = spawn(self.bin_dir / args[0], args[1:], self.workdir / f"{name}.log", self.workdir)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = self.workdir / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def _wait(self, name: str, probe, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            process = self.processes[name]
-            if process.poll() is not None:
-                raise ClusterError(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
-            try:
-                if probe():
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise ClusterError(f"{name} not ready after {timeout:.0f}s:\n{self.log_tail(name)}")
+        wait_ready(name, self.processes[name], probe, self.workdir / f"{name}.log", timeout)
 
     def _get(self, url: str, *, token: bool = True) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.workdir / "pki" / "ca.crt"))

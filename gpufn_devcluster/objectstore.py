@@ -12,14 +12,12 @@ import json
 import secrets
 import shutil
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cluster import ClusterError
-from .processes import free_port, spawn, stop_all
+from .processes import free_port, spawn, stop_all, wait_ready
 
 REGION = "us-east-1"
 
@@ -82,12 +80,8 @@ class ObjectStore:
             args += [f"-{name}.port={ports[name]}", f"-{name}.port.grpc={grpc[name]}"]
         self.processes["weed"] = spawn(self.bin_dir / "weed", ["server", *args], self.workdir / "weed.log",
                                        self.workdir)
-        deadline = time.monotonic() + timeout
-        while not self._bucket_ready():
-            if self.processes["weed"].poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join((self.workdir / "weed.log").read_text(errors="replace").splitlines()[-30:])
-                raise ClusterError(f"SeaweedFS did not serve S3 on {self.endpoint} within {timeout:.0f}s:\n{tail}")
-            time.sleep(0.3)
+        wait_ready(f"SeaweedFS (S3 on {self.endpoint})", self.processes["weed"], self._bucket_ready,
+                   self.workdir / "weed.log", timeout, poll=0.3)
 
     def _bucket_ready(self) -> bool:
         """Create the bucket (idempotent); True once the S3 gateway and its filer answer."""

@@ -11,10 +11,14 @@ import socket
 import subprocess
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+
+
+class ClusterError(RuntimeError):
+    """A harness component failed to build, start or become ready; the message has its log tail."""
 
 
 def free_port() -> int:
@@ -50,3 +54,25 @@ def stop_all(processes: Mapping[str, subprocess.Popen], grace: float = 10.0) -> 
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The last lines a process wrote (empty before it wrote any)."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+def wait_ready(name: str, process: subprocess.Popen, ready: Callable[[], object], log: Path,
+               timeout: float = 60.0, poll: float = 0.2) -> None:
+    """Wait until `ready()` is true; raise ClusterError with the log's tail if the process exits
+    first or `timeout` passes. A probe's OSError (a port not listening yet) counts as not ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ClusterError(f"{name} exited with {process.returncode}:\n{log_tail(log)}")
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(poll)
+    raise ClusterError(f"{name} not ready after {timeout:.0f}s:\n{log_tail(log)}")

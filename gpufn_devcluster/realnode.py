@@ -22,15 +22,14 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufn_dagster.classes import GpuClass
 
-from .cluster import ClusterError, DevCluster
-from .processes import free_port, spawn, stop_all
+from .cluster import DevCluster
+from .processes import ClusterError, free_port, spawn, stop_all, wait_ready
 
 PAUSE_IMAGE = "gpufn.local/pause:1"
 WORKER_IMAGE = "gpufn.local/worker:1"
@@ -122,16 +121,12 @@ class RealNode:
             self._ctr("images", "import", str(archive))
         self._kubelet()
         core = self.cluster_api()
-        deadline = time.monotonic() + timeout
-        while not self._ready(core):
-            if self.processes["kubelet"].poll() is not None or time.monotonic() > deadline:
-                raise ClusterError(f"kubelet did not make node {self.name} Ready:\n{self._tail('kubelet')}")
-            time.sleep(0.5)
+        kubelet, log = self.processes["kubelet"], self.workdir / "kubelet.log"
+        wait_ready(f"kubelet (node {self.name} Ready)", kubelet, lambda: self._ready(core), log, timeout, poll=0.5)
         core.patch_node_status(self.name, {"status": {"capacity": {self.gpu_class.resource_name: str(self.gpus)}}})
-        while (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name) != str(self.gpus):
-            if time.monotonic() > deadline:
-                raise ClusterError(f"node {self.name} never showed {self.gpus} {self.gpu_class.resource_name}")
-            time.sleep(0.5)
+        wait_ready(f"node {self.name} showing {self.gpus} {self.gpu_class.resource_name}", kubelet,
+                   lambda: (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name)
+                   == str(self.gpus), log, timeout, poll=0.5)
 
     def pod_logs(self, pod: str) -> str:
         """What the pod's containers wrote (the kubelet's log files), for a failure's message."""
@@ -148,10 +143,6 @@ class RealNode:
         except Exception:  # noqa: BLE001 - not registered yet
             return False
         return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-
-    def _tail(self, name: str, lines: int = 30) -> str:
-        path = self.workdir / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def _ctr(self, *args: str) -> None:
         done = subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
@@ -183,11 +174,8 @@ state = "{self.workdir}/containerd/state"
 """)
         self.processes["containerd"] = spawn(Path(shutil.which("containerd") or "containerd"),
                                              ["--config", str(config)], self.workdir / "containerd.log", self.workdir)
-        deadline = time.monotonic() + timeout
-        while not self.socket.exists():
-            if self.processes["containerd"].poll() is not None or time.monotonic() > deadline:
-                raise ClusterError(f"containerd did not start:\n{self._tail('containerd')}")
-            time.sleep(0.2)
+        wait_ready("containerd", self.processes["containerd"], self.socket.exists, self.workdir / "containerd.log",
+                   timeout)
 
     def _kubelet(self) -> None:
         taints = "".join(f"\n  - {{key: {t.key}, value: {t.value or ''}, effect: {t.effect}}}"
