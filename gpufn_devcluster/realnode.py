@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ PAUSE_IMAGE = "gpufn.local/pause:1"
 WORKER_IMAGE = "gpufn.local/worker:1"
 REAL_NODE_LABEL = "gpufn.dev/real-node"
 CNI_BIN = Path("/usr/lib/cni")
-HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ssl", "/root", "/work", "/tmp")  # what a pod mounts
+SYSTEM_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ssl", "/tmp")
 
 
 def missing_runtime() -> str | None:
@@ -47,6 +49,17 @@ def missing_runtime() -> str | None:
         return (f"{', '.join(absent)} not installed (Debian: apt-get install containerd runc "
                 "containernetworking-plugins)")
     return None
+
+
+def host_mounts() -> tuple[str, ...]:
+    """The host paths a worker pod mounts to run this very Python: the system's directories plus
+    wherever this interpreter, its virtualenv, the checkout and HOME are (CI checks out under
+    /check, a workstation anywhere), each once, none inside another, only those that exist."""
+    checkout = Path(__file__).resolve().parents[1]
+    wanted = [*SYSTEM_MOUNTS, sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent),
+              str(checkout), str(Path.home())]
+    paths = sorted({os.path.normpath(p) for p in wanted if Path(p).exists()})  # /lib stays /lib: ld.so is found there
+    return tuple(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
 
 
 def _blob(data: bytes) -> tuple[str, bytes]:
@@ -128,9 +141,14 @@ class RealNode:
                    lambda: (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name)
                    == str(self.gpus), log, timeout, poll=0.5)
 
-    def pod_logs(self, pod: str) -> str:
-        """What the pod's containers wrote (the kubelet's log files), for a failure's message."""
-        return "\n".join(path.read_text(errors="replace")[-3000:] for path in (self.workdir / "pods").glob(f"*_{pod}_*/*/*.log"))
+    def why_failed(self, pod: str, namespace: str) -> str:
+        """Why `pod` failed, for a test's message: each container's state as the kubelet reports it
+        (a container that could not start -- a missing mount, an unknown command -- writes no log,
+        only this) and what the containers wrote (the kubelet's log files)."""
+        status = self.cluster_api().read_namespaced_pod(pod, namespace).status
+        states = [f"{c.name}: {c.state}" for c in status.container_statuses or []]
+        logs = [path.read_text(errors="replace")[-3000:] for path in (self.workdir / "pods").glob(f"*_{pod}_*/*/*.log")]
+        return "\n".join([f"pod {pod}: {status.phase} {status.reason or ''} {status.message or ''}", *states, *logs])
 
     def cluster_api(self) -> Any:
         import kubernetes

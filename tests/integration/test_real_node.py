@@ -29,7 +29,7 @@ from dagster._serdes import serialize_value
 from gpufn_dagster.classes import load_gpu_classes
 from gpufn_dagster.refresh.files import TableFiles
 from gpufn_devcluster.cluster import binaries_dir
-from gpufn_devcluster.realnode import HOST_MOUNTS, REAL_NODE_LABEL, WORKER_IMAGE, RealNode, missing_runtime
+from gpufn_devcluster.realnode import REAL_NODE_LABEL, WORKER_IMAGE, RealNode, host_mounts, missing_runtime
 
 from ..conftest import CLASSES, wait_for
 
@@ -98,9 +98,8 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
             namespace=namespace, image_pull_policy="Never",
             env_vars=[f"{k}={v}" for k, v in {**env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                                               "HOME": os.environ.get("HOME", "/root")}.items()],
-            volumes=[{"name": f"host{i}", "host_path": {"path": p}} for i, p in enumerate(HOST_MOUNTS)
-                     if Path(p).exists()],
-            volume_mounts=[{"name": f"host{i}", "mount_path": p} for i, p in enumerate(HOST_MOUNTS) if Path(p).exists()],
+            volumes=[{"name": f"host{i}", "host_path": {"path": p}} for i, p in enumerate(host_mounts())],
+            volume_mounts=[{"name": f"host{i}", "mount_path": p} for i, p in enumerate(host_mounts())],
             run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(
                 {"pod_spec_config": {"host_network": True, "node_selector": {REAL_NODE_LABEL: "true"}}}),
         ).merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))  # as the step handler does
@@ -123,7 +122,7 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
                                                  core.read_namespaced_pod(pod, namespace).status.conditions or []]
             time.sleep(1)
         placed = core.read_namespaced_pod(pod, namespace)
-        assert placed.status.phase == "Succeeded", real_node.pod_logs(pod)
+        assert placed.status.phase == "Succeeded", real_node.why_failed(pod, namespace)
         assert placed.spec.node_name == "real-l4-0"
         assert placed.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"  # the class's placement
 
