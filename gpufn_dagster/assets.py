@@ -68,7 +68,7 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
                  gpu_class: GpuClass | None) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
-    with step_slot(context, gpu_class):
+    with step_slot(context, gpu_class, function.gpu_count):
         return _refresh_once(context, lancedb, function, gpu_class)
 
 

@@ -157,6 +157,55 @@ class LocalSlots(_Strict):
     devices: list[str] = Field(default_factory=list)
 
 
+class KueueQueue(_Strict):
+    """Kueue mode: the class's run and step Jobs go to Kueue's `local_queue` (a LocalQueue in the
+    Jobs' namespace), which suspends each Job until its ClusterQueue admits it.
+
+    `priority_class` is the WorkloadPriorityClass of a run that sets no `dagster/priority` (0);
+    `priority_classes` maps a `dagster/priority` threshold to a WorkloadPriorityClass: a run takes
+    the class of the highest threshold at or below its priority, so Dagster's priority decides
+    Kueue's (which orders the ClusterQueue and lets a higher class preempt a lower one).
+
+    >>> q = KueueQueue(local_queue="gpu-l4", priority_class="gpu-normal",
+    ...                priority_classes={10: "gpu-high", -10: "gpu-low"})
+    >>> q.priority_class_for(0), q.priority_class_for(12), q.priority_class_for(-50)
+    ('gpu-normal', 'gpu-high', 'gpu-low')
+    """
+
+    local_queue: str
+    priority_class: str | None = None
+    priority_classes: dict[int, str] = Field(default_factory=dict)
+
+    @field_validator("local_queue", "priority_class")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        if value is not None and (problem := label_value_problem(value) or ("empty" if not value else None)):
+            raise ValueError(f"{value!r} is not a Kueue object name usable as a label value: {problem}")
+        return value
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _priority_names(cls, value: dict[int, str]) -> dict[int, str]:
+        for threshold, name in value.items():
+            if problem := label_value_problem(name) or ("empty" if not name else None):
+                raise ValueError(f"priority {threshold}: {name!r} is not a WorkloadPriorityClass name: {problem}")
+        return value
+
+    def priority_class_for(self, run_priority: int) -> str | None:
+        """The WorkloadPriorityClass of a run of `dagster/priority` `run_priority` (None: Kueue's default).
+
+        `priority_class` counts as the class of threshold 0; a priority below every threshold
+        takes the lowest one's class.
+        """
+        table = dict(self.priority_classes)
+        if self.priority_class is not None:
+            table.setdefault(0, self.priority_class)
+        if not table:
+            return None
+        at_or_below = [t for t in table if t <= run_priority]
+        return table[max(at_or_below) if at_or_below else min(table)]
+
+
 class GpuClass(_Strict):
     """A named pool of GPU nodes: where its workers run and what one worker may ask for."""
 
@@ -174,6 +223,7 @@ class GpuClass(_Strict):
     max_wait: Duration | None = None
     max_gpus_per_refresh: int | None = Field(default=None, ge=1)  # the most GPUs one refresh holds at once
     local: LocalSlots = Field(default_factory=LocalSlots)
+    kueue: KueueQueue | None = None  # Kueue mode: Jobs go to this LocalQueue and wait for its admission
     description: str | None = None
 
     @field_validator("name")
@@ -227,6 +277,7 @@ class GpuClass(_Strict):
             "max_wait_seconds": self.max_wait.total_seconds() if self.max_wait else None,
             "max_gpus_per_refresh": self.max_gpus_per_refresh,
             "local_slots": self.local.slots,
+            "kueue_local_queue": self.kueue.local_queue if self.kueue else None,
         }
 
 

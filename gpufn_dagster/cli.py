@@ -150,6 +150,59 @@ def capacity(as_json: bool) -> None:
     click.echo(tabulate(rows, headers=["GPU CLASS", "WAITING RUNS", "LONGEST WAIT", "RUNS"]))
 
 
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not NAME=VALUE", param_hint=option)
+    return dict(v.split("=", 1) for v in values)
+
+
+@main.command("kueue-manifests")
+@click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory (default ./classes).")
+@click.option("--namespace", required=True, help="Where the run and step Jobs are (the LocalQueues go there).")
+@click.option("--gpus", multiple=True, metavar="CLASS=N",
+              help="GPU quota of a class's ClusterQueue; repeatable (default: one worker's most GPUs).")
+@click.option("--local-queue", "local_queues", multiple=True, metavar="CLASS=NAME",
+              help="Put a class whose file has no kueue block in Kueue mode for this output (to prepare Kueue "
+                   "before adding the block to its file); repeatable.")
+@click.option("--priority-classes", default="", metavar="P=NAME,...",
+              help="With --local-queue: the dagster/priority thresholds and WorkloadPriorityClasses, e.g. "
+                   "10=gpufn-high,0=gpufn-normal,-10=gpufn-low.")
+def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ...], local_queues: tuple[str, ...],
+                    priority_classes: str) -> None:
+    """Print the Kueue objects (ResourceFlavor, ClusterQueue, LocalQueue, WorkloadPriorityClass) that
+    match the GPU classes in Kueue mode, as YAML for `kubectl apply -f -`."""
+    import yaml
+
+    from .classes import KueueQueue, load_gpu_classes
+    from .run.kueue import kueue_manifests as manifests
+
+    try:
+        classes = load_gpu_classes(classes_dir)
+    except GpuClassError as err:
+        raise click.ClickException(str(err)) from None
+    priorities = _pairs(tuple(p for p in priority_classes.split(",") if p), "--priority-classes")
+    try:
+        quota = {name: int(count) for name, count in _pairs(gpus, "--gpus").items()}
+        by_threshold = {int(threshold): name for threshold, name in priorities.items()}
+    except ValueError as err:
+        raise click.BadParameter(f"not a whole number: {err}") from None
+    for name, queue in _pairs(local_queues, "--local-queue").items():
+        if name not in classes:
+            raise click.BadParameter(f"no class {name!r}; classes: {', '.join(sorted(classes))}", param_hint="--local-queue")
+        if classes[name].kueue is None:
+            classes[name] = classes[name].model_copy(update={"kueue": KueueQueue(
+                local_queue=queue, priority_classes=by_threshold)})
+    unknown = sorted(set(quota) - set(classes))
+    if unknown:
+        raise click.BadParameter(f"no class {unknown[0]!r}; classes: {', '.join(sorted(classes))}", param_hint="--gpus")
+    objects = manifests(sorted(classes.values(), key=lambda c: c.name), quota, namespace)
+    if not objects:
+        raise click.ClickException("no class is in Kueue mode: add a `kueue: {local_queue: ...}` block to a class "
+                                   "file, or name one with --local-queue")
+    click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
 @main.command("append-docs")
 @click.option("--rows", default=100, show_default=True, help="How many sample documents to append.")
 @click.option("--db", envvar="GPUFN_LANCEDB_URI", default=".gpufn_data/lancedb", show_default=True,

@@ -97,7 +97,7 @@ def _shard_op(function: Function, gpu_class: GpuClass | None, op_tags: dict[str,
         def report(progress: Progress) -> None:
             context.log.info(f"{name}: {progress.line()}")
 
-        with step_slot(context, gpu_class):
+        with step_slot(context, gpu_class, function.gpu_count):
             result = compute_shard(lancedb.table_files(function.table).uri, function, shard, plan.read_version,
                                    lease_token=_token(context), storage_options=lancedb.storage_options,
                                    report=report, holder=f"run {context.run.run_id}", on_wait=context.log.info)

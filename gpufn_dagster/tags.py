@@ -30,6 +30,7 @@ CAPACITY_TAG = PREFIX + "capacity"
 CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
 WAITING_SINCE_TAG = PREFIX + "waiting-since"
 CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
+KUEUE_TAG = PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
 # On runs started by the table and unfilled-rows sensors.
 TABLE_TAG = PREFIX + "table"
 TABLE_VERSION_TAG = PREFIX + "table-version"
@@ -67,6 +68,9 @@ class CapacityReason(str, Enum):
     LOCAL_SLOTS_IN_USE = "LocalSlotsInUse"
     SLOT_ACQUIRED = "SlotAcquired"
     UNSCHEDULABLE = "Unschedulable"
+    KUEUE_PENDING = "KueuePending"        # Kueue has not admitted its Job's Workload (quota, priority)
+    KUEUE_PREEMPTED = "KueuePreempted"    # Kueue preempted it for a higher priority; it waits again
+    KUEUE_EVICTED = "KueueEvicted"        # Kueue evicted it (e.g. pods not ready in time); it waits again
     SCHEDULED = "Scheduled"
     NEVER_FITS = "NeverFits"
     MAX_WAIT_EXCEEDED = "MaxWaitExceeded"

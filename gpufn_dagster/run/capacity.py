@@ -28,6 +28,8 @@ from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CO
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
 AUTOSCALER_REASONS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+_KUEUE_REASONS = {CapacityReason.KUEUE_PENDING.value, CapacityReason.KUEUE_PREEMPTED.value,
+                  CapacityReason.KUEUE_EVICTED.value}
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Verdict:
     node: str | None = None
     reasons: SchedulerReasons | None = None
     autoscaler: tuple[str, ...] = field(default_factory=tuple)
+    source: str = "Scheduler"  # whose words `message` is: the scheduler's, or Kueue's
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -176,12 +179,13 @@ def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decis
 
 
 def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
-           position: tuple[int, int] | None, now: float) -> Decision:
+           position: tuple[int, int] | None, now: float, queue: str = "waiting on this class") -> Decision:
     """What to record for a STARTING GPU run whose pod got `verdict`, given its tags from earlier ticks.
 
     An unchanged wait is not reported again (its last event is remembered as a digest tag), and a
     wait past the class's `max_wait` fails the run. `position` is (place, of how many) among the
-    runs waiting on the class.
+    runs waiting on the class, or in `queue` (Kueue's ClusterQueue); a wait that follows a run's
+    time on a node (Kueue preempted it) counts from then.
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", resource_name="nvidia.com/gpu", gpu_model="L4", gpu_memory="24GiB",
@@ -198,7 +202,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     previous_state = previous.get(CAPACITY_TAG)
     request = f"{gpu_count} x {gpu_class.resource_name}"
     if verdict.state is CapacityState.WAITING:
-        since = waiting_since(previous, now)
+        since = now if previous_state == CapacityState.SCHEDULED.value else waiting_since(previous, now)
         waited = now - since
         if past_max_wait(gpu_class, waited):
             return _failed(CapacityState.TIMED_OUT, CapacityReason.MAX_WAIT_EXCEEDED,
@@ -212,16 +216,17 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         digest = hashlib.sha1(f"{reasons}|{verdict.autoscaler}".encode()).hexdigest()[:12]
         if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
             return Decision(CapacityState.WAITING, waited_seconds=waited)
-        place = f"position {position[0]} of {position[1]} waiting on this class" if position else ""
+        place = f"position {position[0]} of {position[1]} {queue}" if position else ""
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
+        reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
         return Decision(
             CapacityState.WAITING,
-            {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.UNSCHEDULABLE.value,
+            {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: reason,
              WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest},
             Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}"
-                  f"{'; ' + place if place else ''}. Scheduler: {verdict.message}{autoscaler}",
+                  f"{'; ' + place if place else ''}. {verdict.source}: {verdict.message}{autoscaler}",
                   {"GPU class": gpu_class.name, "Requested": request, "Waiting since": time_tag(since),
-                   "Scheduler message": verdict.message,
+                   f"{verdict.source.split(' ')[0]} message": verdict.message,
                    "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
                    "Position": f"{position[0]} of {position[1]}" if position else "",
                    "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"}),

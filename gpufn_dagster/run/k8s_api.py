@@ -56,6 +56,12 @@ def _answer(err: BaseException) -> kubernetes.client.ApiException | None:
     return None
 
 
+def answered_status(err: BaseException) -> int | None:
+    """The HTTP status the API server answered a failed call with (None: it did not answer)."""
+    answer = _answer(err)
+    return answer.status if answer is not None else None
+
+
 def _message(answer: kubernetes.client.ApiException) -> str:
     """The API server's own message (it names the refused field: `spec.containers[0]...: Invalid value`)."""
     try:

@@ -26,6 +26,7 @@ class and cannot be overridden or widened. Runs with no GPU step go exactly the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dagster._core.events import DagsterEventType, EngineEventData
@@ -40,6 +41,7 @@ from ..classes import ClassesDir
 from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, gpu_tags
 from .k8s_api import API_ERRORS, api_error
+from .kueue import run_priority
 from .placement import Placement, check_no_extra_gpus, enforce_placement
 from .shared import CLASSES_DIR_CONFIG, RunKind, RunPlan, plan_run
 
@@ -126,8 +128,10 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         gpu_class = placement.gpu_class
         self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
                                                  PLACEMENT_TAG: RunKind.GPU.value})
+        queued = (f"; Kueue admits it from LocalQueue {gpu_class.kueue.local_queue!r} (its Job stays suspended "
+                  "until then)" if gpu_class.kueue else "")
         self._instance.report_engine_event(
-            f"GPU placement: {placement.describe()}",
+            f"GPU placement: {placement.describe()}{queued}",
             run,
             EngineEventData({
                 "GPU class": gpu_class.name,
@@ -136,6 +140,9 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                 "Resource": gpu_class.resource_name,
                 "Node selector": ", ".join(f"{k}={v}" for k, v in sorted(gpu_class.node_selector.items())),
                 "Tolerations": ", ".join(f"{t.key}:{t.effect}" for t in gpu_class.tolerations),
+                **({"Kueue LocalQueue": gpu_class.kueue.local_queue,
+                    "Kueue priority class": gpu_class.kueue.priority_class_for(run_priority(run.tags)) or "(Kueue's default)"}
+                   if gpu_class.kueue else {}),
             }),
             cls=self.__class__,
         )
@@ -166,6 +173,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         # enforce_placement overlays the class's whole configuration (placement_k8s_config) onto
         # what the lower layers produced, so no separate merge is needed.
         config = context.run_k8s_config
+        placement = replace(placement, priority=run_priority(dagster_run.tags))  # Kueue's priority class
         enforced = enforce_placement({s: getattr(config, s) for s in _SECTIONS}, placement)
         return context._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
             **enforced, merge_behavior=config.merge_behavior))

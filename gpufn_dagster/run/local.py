@@ -89,12 +89,19 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             tags = {GPU_CLASS_TAG: ",".join(names), GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
                     PLACEMENT_TAG: RunKind.LOCAL.value}
             empty = [name for name in names if placements[name].gpu_class.local.slots == 0]
-            if empty:
-                # A pool limit of 0 would hold the step forever: refuse the run now, saying why.
-                self._instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED})
+            too_big = [name for name in names if placements[name].gpu_count > placements[name].gpu_class.local.slots]
+            if empty or too_big:
+                # A step that can never get its slots would wait forever: refuse the run now, saying why.
+                name = (empty or too_big)[0]
+                self._instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED,
+                                                         CAPACITY_TAG: CapacityState.NEVER_FITS.value,
+                                                         CAPACITY_REASON_TAG: CapacityReason.NEVER_FITS.value})
                 self._instance.report_run_failed(run, (
-                    f"GPU class {empty[0]!r} has local.slots: 0, so no step of it can run on this machine "
-                    "(embedded mode); give it slots in its class file, or run it on Kubernetes"))
+                    f"GPU class {name!r} has local.slots: 0, so no step of it can run on this machine "
+                    "(embedded mode); give it slots in its class file, or run it on Kubernetes" if empty else
+                    f"This run can never start here: a step asks for {placements[name].gpu_count} GPUs of class "
+                    f"{name!r}, whose local.slots is {placements[name].gpu_class.local.slots} (a slot is one GPU); "
+                    "give the class more slots in its file, ask for fewer GPUs, or run it on Kubernetes"))
                 return self._instance.get_run_by_id(run.run_id)
             self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id)

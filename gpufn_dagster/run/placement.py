@@ -18,6 +18,7 @@ from ..classes import GpuClass
 from ..errors import PlacementError
 from ..k8s_syntax import parse_quantity
 from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG
+from .kueue import kueue_labels
 
 CLASS_LABEL = "gpufn.dev/gpu-class"
 COUNT_LABEL = "gpufn.dev/gpu-count"
@@ -26,10 +27,12 @@ _GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "
 
 @dataclass(frozen=True)
 class Placement:
-    """A run worker (or step pod) on `gpu_count` GPUs of `gpu_class`'s node pool."""
+    """A run worker (or step pod) on `gpu_count` GPUs of `gpu_class`'s node pool; `priority` is the
+    run's `dagster/priority`, which picks its Kueue priority class when the class is in Kueue mode."""
 
     gpu_class: GpuClass
     gpu_count: int
+    priority: int = 0
 
     def describe(self) -> str:
         return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {self.gpu_class.name!r}"
@@ -94,6 +97,7 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
     if gpu_class.memory:
         requests["memory"] = limits["memory"] = gpu_class.memory
     labels = {CLASS_LABEL: gpu_class.name, COUNT_LABEL: str(count)}
+    job_labels = {**labels, **kueue_labels(gpu_class, placement.priority)}  # Kueue reads the Job's labels
     pod_spec: dict[str, Any] = {
         "node_selector": dict(gpu_class.node_selector),
         "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
@@ -105,7 +109,7 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
         "container_config": {"resources": {"limits": limits, "requests": requests}},
         "pod_spec_config": pod_spec,
         "pod_template_spec_metadata": {"labels": labels},
-        "job_metadata": {"labels": labels},
+        "job_metadata": {"labels": job_labels},
     }
 
 

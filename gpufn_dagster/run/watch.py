@@ -38,9 +38,11 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
-from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG, PLACEMENT_TAG, CapacityState, waiting_since
-from .capacity import Decision, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
-from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, api_error, api_host, call
+from ..tags import (GPU_CLASS_TAG, GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
+                    waiting_since)
+from . import kueue
+from .capacity import Decision, Event, Verdict, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, answered_status, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL, COUNT_LABEL
 from .shared import RunKind, release_ended_runs
@@ -114,10 +116,13 @@ class CapacityWatcher:
     """One object per daemon; `tick()` is cheap to call every few seconds."""
 
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
-                 namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
+                 namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+                 custom_api: Any = None):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
         self.request_timeout = request_timeout
+        # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
+        self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, request_timeout=self.request_timeout, **kwargs)
@@ -143,14 +148,23 @@ class CapacityWatcher:
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
         nodes = self._call(self.core.list_node).items if starting or per_step else []
 
-        verdicts = {}
+        workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
+        kueue_positions = kueue.queue_positions(workloads.values())
+        verdicts, queued = {}, {}
         for run in starting:
             gpu_class = self.classes.get(run.tags.get(GPU_CLASS_TAG, ""))
             if gpu_class is None:
                 continue
-            pod = pods_by_run.get(run.run_id)
+            job, pod = jobs_by_run.get(run.run_id), pods_by_run.get(run.run_id)
+            workload = workloads.get((job.metadata.namespace, _name(job))) if job is not None else None
+            if workload is not None and workload.waiting:
+                queued[run.run_id] = (run, gpu_class, workload, job)
+                continue
+            if workload is not None:
+                self._admitted(run, workload, report)
             if pod is None:
-                self._without_pod(run, jobs_by_run.get(run.run_id), report)
+                if workload is None or workload.state != "admitted":
+                    self._without_pod(run, job, report)
                 continue
             count = int(run.tags.get(GPU_COUNT_TAG, "1"))
             verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
@@ -163,42 +177,93 @@ class CapacityWatcher:
             decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now)
             report.count(gpu_class.name, decision)
             self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
+        for run, gpu_class, workload, job in queued.values():
+            decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(GPU_COUNT_TAG, "1")),
+                              kueue_positions.get(workload.name), now, queue=f"in ClusterQueue {workload.cluster_queue}")
+            decision = replace(decision, tags={**decision.tags, KUEUE_TAG: workload.state}
+                               if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)
+            report.count(gpu_class.name, decision)
+            self._apply(run, decision, (_name(job), job.metadata.namespace), report)
 
-        self._step_pods(per_step, [p for p in pods if _step_of(p)], events, nodes, report, now)
+        self._step_pods(per_step, [p for p in pods if _step_of(p)], [j for j in jobs if _step_of(j)], workloads,
+                        events, nodes, report, now)
         self._delete_orphans(jobs, report)
         release_ended_runs(self.instance)
         return report
 
-    def _step_pods(self, runs: list[Any], pods: list[Any], events: dict[str, list[Any]], nodes: list[Any],
-                   report: TickReport, now: float) -> None:
+    def _step_pods(self, runs: list[Any], pods: list[Any], step_jobs: list[Any],
+                   workloads: Mapping[tuple[str, str], kueue.WorkloadStatus], events: dict[str, list[Any]],
+                   nodes: list[Any], report: TickReport, now: float) -> None:
         """Runs placed per step: their GPU step pods (a fanned-out refresh's shards, the steps of a run
-        mixing classes) are reported like a run's pod -- tag and event on the run, naming the step
-        that waits; when several wait, the run's tag and event follow the first of them."""
+        mixing classes) -- and in Kueue mode their step Jobs Kueue keeps suspended -- are reported like
+        a run's pod: tag and event on the run, naming the steps that wait; when several wait, the
+        run's tag and event follow the first of them."""
         by_run: dict[str, list[Any]] = defaultdict(list)
-        for pod in pods:
-            by_run[_run_id(pod) or ""].append(pod)
+        for obj in [*pods, *step_jobs]:
+            by_run[_run_id(obj) or ""].append(obj)
+        job_ids = {id(job) for job in step_jobs}
         for run in runs:
-            judged = []
-            for pod in by_run.get(run.run_id, []):
-                labels = pod.metadata.labels or {}
+            judged = []  # (step, job as (name, namespace), class, GPU count, verdict)
+            for obj in by_run.get(run.run_id, []):
+                labels = obj.metadata.labels or {}
                 gpu_class = self.classes.get(labels.get(CLASS_LABEL, ""))
                 if gpu_class is None:
                     continue
                 count = int(labels.get(COUNT_LABEL, "1"))
-                verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
-                judged.append((pod, gpu_class, count, verdict))
+                if id(obj) in job_ids:
+                    workload = workloads.get((obj.metadata.namespace, _name(obj)))
+                    if workload is not None and workload.waiting:
+                        judged.append((_step_of(obj), (_name(obj), obj.metadata.namespace), gpu_class, count,
+                                       kueue_verdict(workload)))
+                    continue
+                verdict = pod_verdict(obj, events.get(_name(obj), []), gpu_class, count, class_nodes(gpu_class, nodes))
+                judged.append((_step_of(obj), _job_of(obj), gpu_class, count, verdict))
             if not judged:
                 continue
-            waiting = [j for j in judged if j[3].state is CapacityState.WAITING]
-            pod, gpu_class, count, verdict = (waiting or judged)[0]
+            waiting = [j for j in judged if j[4].state is CapacityState.WAITING]
+            _, job, gpu_class, count, verdict = (waiting or judged)[0]
             decision = decide(verdict, run.tags, gpu_class, count, None, now)
             if decision.event is not None and verdict.state is CapacityState.WAITING:
-                steps = ", ".join(_step_of(w[0]) for w in waiting)
+                steps = ", ".join(w[0] or "?" for w in waiting)
                 decision = replace(decision, event=replace(
                     decision.event, message=f"Step {steps}: {decision.event.message}",
                     metadata={**decision.event.metadata, "Waiting steps": steps}))
             report.count(gpu_class.name, decision)
-            self._apply(run, decision, _job_of(pod), report)
+            self._apply(run, decision, job, report)
+
+    def _workloads(self) -> dict[tuple[str, str], kueue.WorkloadStatus]:
+        """Kueue's Workloads by (namespace, Job name): two list calls per tick, whatever the number of runs."""
+        def items(plural: str) -> list[dict[str, Any]]:
+            if self.namespace:
+                return self._call(self.custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2",
+                                  self.namespace, plural)["items"]
+            return self._call(self.custom.list_cluster_custom_object, "kueue.x-k8s.io", "v1beta2", plural)["items"]
+
+        try:
+            local_queues = items("localqueues")
+        except API_ERRORS as err:
+            if answered_status(err) == 404:  # Kueue is not installed: no Workload can hold a run back
+                return {}
+            raise
+        cluster_queues = {f"{q['metadata']['namespace']}/{q['metadata']['name']}": (q.get("spec") or {}).get("clusterQueue")
+                          for q in local_queues}
+        statuses = {}
+        for workload in items("workloads"):
+            status = kueue.workload_status(workload, cluster_queues)
+            if status.job:
+                statuses[(workload["metadata"]["namespace"], status.job)] = status
+        return statuses
+
+    def _admitted(self, run: Any, workload: kueue.WorkloadStatus, report: TickReport) -> None:
+        """Say once that Kueue admitted a run it had kept waiting (its pod's own story follows)."""
+        previous = run.tags.get(KUEUE_TAG)
+        if previous == workload.state:
+            return
+        event = None
+        if workload.state == "admitted" and previous is not None:
+            event = Event(f"Admitted by Kueue to ClusterQueue {workload.cluster_queue}: {workload.describe()}",
+                          {"ClusterQueue": workload.cluster_queue or "", "Kueue": workload.describe()})
+        self._apply(run, Decision(tags={KUEUE_TAG: workload.state}, event=event), None, report)
 
     def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
         """The scheduler's and autoscalers' events about pods that are not bound yet, by pod name."""
@@ -238,8 +303,10 @@ class CapacityWatcher:
         report.deleted_jobs.append(name)
 
     def _delete_orphans(self, jobs: list[Any], report: TickReport) -> None:
-        """Delete the Job of every GPU run that ended while its pod still waited or ran."""
-        active = [j for j in jobs if (j.status.active or 0) > 0 and _run_id(j)]
+        """Delete the Job of every GPU run that ended while its pod still waited or ran, or while Kueue
+        still kept it suspended."""
+        # A Job Kueue keeps suspended has no active pod but still holds its place in the queue.
+        active = [j for j in jobs if ((j.status.active or 0) > 0 or j.spec.suspend) and _run_id(j)]
         if not active:
             return
         runs = {r.run_id: r for r in self.instance.get_runs(RunsFilter(run_ids=[_run_id(j) for j in active]))}
@@ -250,6 +317,16 @@ class CapacityWatcher:
                 self.instance.report_engine_event(
                     f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
                     "waiting or running", run, cls=self.__class__)
+
+
+def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
+    """A waiting Workload as a capacity verdict: Kueue's words verbatim, and whether it was preempted."""
+    reason = {"preempted": CapacityReason.KUEUE_PREEMPTED, "evicted": CapacityReason.KUEUE_EVICTED}.get(
+        workload.state, CapacityReason.KUEUE_PENDING)
+    source = {"preempted": "Kueue preempted it (it waits to be admitted again; its code did not fail)",
+              "evicted": "Kueue evicted it (it waits to be admitted again; its code did not fail)"}.get(
+        workload.state, "Kueue")
+    return Verdict(CapacityState.WAITING, reason.value, workload.describe(), source=source)
 
 
 def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,

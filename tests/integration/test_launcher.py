@@ -314,9 +314,10 @@ def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster,
         assert [source.secret_ref.name for source in container.env_from or []] == ["gpufn-object-store"], step.key
 
 
-def shard_step_pods(cluster, namespace: str, instance, run, shards: range) -> list[str]:
+def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True) -> list[str]:
     """Create the shard steps' Jobs as dagster-k8s's step handler makes them from the step's op tags
-    (KWOK runs no step worker to launch them); returns their pods' names."""
+    (KWOK runs no step worker to launch them); returns their pods' names (with `pods=False`, the
+    Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
     from types import SimpleNamespace
 
     from dagster_k8s.container_context import K8sContainerContext
@@ -345,6 +346,9 @@ def shard_step_pods(cluster, namespace: str, instance, run, shards: range) -> li
             user_defined_k8s_config=container_context.run_k8s_config,
             labels={"dagster/run-id": run.run_id, "dagster/op": key,
                     "shard": job_name}))
+        if not pods:
+            names.append(job_name)
+            continue
         names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"shard={n}").items,
                               what=f"{job_name} pod")[0].metadata.name)
     return names

@@ -41,7 +41,7 @@ def submit(workspace, *assets: str) -> str:
 
 
 @contextmanager
-def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, **settings):
+def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = DEFS, **settings):
     """The embedded coordinator on a real instance and workspace; class `default` gets `settings`.
 
     Yields (instance, workspace, a queue-daemon pass, open(n): let the n-th `docs__slow` step to get the
@@ -60,7 +60,7 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, **settings):
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}}}
-    target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None,
+    target = PythonFileTarget(python_file=str(defs), attribute="defs", working_directory=str(DEFS.parent),
                               location_name="local_slots")
     with instance_for_test(overrides=overrides) as instance, \
             create_test_daemon_workspace_context(target, instance) as workspace:
@@ -186,3 +186,46 @@ def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_
         assert "Gave up waiting for a local GPU slot of class 'default' after" in messages(instance, second)
         assert instance.get_run_by_id(first).status == DagsterRunStatus.STARTED  # the one holding the slot is left be
         assert pending(instance) == []  # its claim was given back
+
+
+def test_a_step_asking_for_two_gpus_takes_two_slots_and_sees_both_devices(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=DEFS.with_name("local_gpus_defs.py"),
+                  max_gpu_count_per_worker=2, local={"slots": 3, "devices": ["5", "6", "7"]}) as (
+            instance, workspace, queue_pass, open_gate):
+        gates = Path(os.environ["GPUFN_TEST_GATES"])
+        one = submit(workspace, "docs__slow")
+        queue_pass()
+        wait_for(lambda: (gates / "ticket-1").exists(), timeout=180, what="the one-GPU step computing")
+        pair = submit(workspace, "docs__pair")
+        queue_pass()
+        wait_for(lambda: (gates / "ticket-2").exists(), timeout=180, what="the two-GPU step computing")
+        third = submit(workspace, "docs__later")
+        queue_pass()
+        # The pool admits a third step (3 slots, 2 steps), but the 3 GPUs are held: it waits for one.
+        wait_for(lambda: "local GPU slot" not in messages(instance, third) and instance.get_run_by_id(third).status
+                 == DagsterRunStatus.STARTED, timeout=180, what="the third run started")
+        time.sleep(5)
+        assert not (gates / "ticket-3").exists()  # not computing while all three GPUs are held
+        open_gate(1)  # the one-GPU step ends, freeing slot 0
+        wait_for(lambda: (gates / "ticket-3").exists(), timeout=240, what="the third step got the freed GPU")
+        open_gate(2)
+        open_gate(3)
+        for run_id in (one, pair, third):
+            wait_for(lambda r=run_id: instance.get_run_by_id(r).status == DagsterRunStatus.SUCCESS, timeout=240,
+                     what=f"run {run_id} done")
+        logs = {r: " ".join(e.user_message for e in instance.all_logs(r)) for r in (one, pair, third)}
+        assert "local GPU slot 0 of class 'default', CUDA_VISIBLE_DEVICES=5" in logs[one]
+        assert "local GPU slots 1, 2 of class 'default', CUDA_VISIBLE_DEVICES=6,7" in logs[pair]
+        assert "local GPU slot 0 of class 'default', CUDA_VISIBLE_DEVICES=5" in logs[third]
+        values = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"]).open_table("docs").to_arrow().column("pair").to_pylist()
+        assert values and all(v.endswith("@6,7") for v in values)  # the Function saw both devices
+
+
+def test_a_step_asking_for_more_gpus_than_local_slots_fails_at_once_as_never_fits(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=DEFS.with_name("local_gpus_defs.py"),
+                  max_gpu_count_per_worker=2, local={"slots": 1}) as (instance, workspace, _, _open_gate):
+        run = instance.get_run_by_id(submit(workspace, "docs__pair"))
+        assert run.status == DagsterRunStatus.FAILURE  # not waiting forever
+        assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
+        assert ("a step asks for 2 GPUs of class 'default', whose local.slots is 1 (a slot is one GPU)"
+                in messages(instance, run.run_id))

@@ -1,0 +1,157 @@
+"""How long a waiting GPU run will wait, roughly: pure, from what the instance already knows.
+
+Kueue and the Kubernetes scheduler say *that* a run waits and behind whom, never for how long.
+The estimate replays the class's queue on its capacity: the GPUs of the class (nodes x GPUs on
+Kubernetes, local slots in the embedded mode) free up as the runs holding them reach their
+typical duration, and the runs ahead take them in order, each for its own typical duration. A
+run's typical duration is the median of the recent successful runs of the same work (its asset
+selection, else its job) in the instance's history. When a run ahead, or one holding GPUs, has
+no history, the estimate is "unknown" rather than a guess.
+
+>>> history = {"docs__embedding": [480.0, 500.0, 460.0]}
+>>> e = estimate_wait(QueueState("a100-80gb", capacity=2, holding=[Holder("docs__embedding", 2, 100.0)],
+...                              ahead=[Ahead("docs__embedding", 2)] * 3, gpus=2), history)
+>>> e.seconds, e.text
+(1820.0, 'about 30 min (3 runs ahead on a100-80gb, typical 8 min each, 2 GPUs in the class)')
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+HISTORY_RUNS = 20  # the most recent successful runs per kind of work that a typical duration uses
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A run holding `gpus` GPUs of the class, doing `work`, for `elapsed` seconds so far."""
+
+    work: str
+    gpus: int
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A run waiting ahead in line, doing `work`, for `gpus` GPUs."""
+
+    work: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One waiting run's view of its class: capacity in GPUs, who holds them, who is ahead, its own request."""
+
+    gpu_class: str
+    capacity: int
+    holding: Sequence[Holder] = field(default_factory=tuple)
+    ahead: Sequence[Ahead] = field(default_factory=tuple)
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds until the run should start (None: unknown) and the sentence the run shows."""
+
+    seconds: float | None
+    text: str
+
+    @property
+    def tag(self) -> str:
+        """The tag value: the short form ("about 30 min", "now", "unknown")."""
+        return self.text.split(" (")[0]
+
+
+def typical(durations: Sequence[float]) -> float | None:
+    """The typical duration of a kind of work: the median of its recent runs (None without any)."""
+    return statistics.median(durations) if durations else None
+
+
+def _minutes(seconds: float) -> str:
+    """A rounded duration a person reads: "under a minute", "8 min", "about 2 h 10 min".
+
+    >>> _minutes(20), _minutes(480), _minutes(7900)
+    ('under a minute', '8 min', '2 h 12 min')
+    """
+    if seconds < 60:
+        return "under a minute"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def estimate_wait(state: QueueState, history: Mapping[str, Sequence[float]]) -> Estimate:
+    """When the waiting run should start: the class's GPUs replayed over the runs that hold them and
+    the runs ahead, each for its typical duration (`history`: work -> recent durations in seconds).
+    A run needing N GPUs starts when N of them are free at once."""
+    where = f"on {state.gpu_class}"
+    ahead = len(state.ahead)
+    runs = f"{ahead} run{'s' if ahead != 1 else ''} ahead {where}"
+    if state.capacity < 1:
+        return Estimate(None, f"unknown ({runs}; no GPU of the class is known here)")
+    unknown = sorted({w.work for w in [*state.holding, *state.ahead] if typical(history.get(w.work, ())) is None})
+    if unknown:
+        return Estimate(None, f"unknown ({runs}; no finished run of {', '.join(unknown[:3])} in this instance's "
+                              "history)")
+    free = [0.0] * state.capacity  # when each GPU frees, seconds from now
+    held = 0
+    for holder in state.holding:
+        left = max(typical(history[holder.work]) - holder.elapsed, 0.0)
+        for _ in range(min(holder.gpus, state.capacity - held)):
+            free[held] = left
+            held += 1
+    heapq.heapify(free)
+
+    def take(gpus: int, seconds: float | None) -> float:
+        gpus = min(gpus, state.capacity)
+        taken = [heapq.heappop(free) for _ in range(gpus)]
+        start = max(taken)
+        for _ in taken:
+            heapq.heappush(free, start + (seconds or 0.0))
+        return start
+
+    for run in state.ahead:
+        take(run.gpus, typical(history[run.work]))
+    start = take(state.gpus, None)
+    durations = [typical(history[w.work]) for w in state.ahead]
+    each = f", typical {_minutes(statistics.median(durations))} each" if durations else ""
+    detail = f"{runs}{each}, {state.capacity} GPU{'s' if state.capacity != 1 else ''} in the class"
+    if start <= 0:
+        return Estimate(0.0, f"now ({detail})")
+    return Estimate(start, f"about {_minutes(start)} ({detail})")
+
+
+def changed_meaningfully(previous: str | None, new: Estimate) -> bool:
+    """Whether a run's estimate moved enough to say so again: known <-> unknown, or its rounded
+    minutes moved by a quarter or more (and at least two minutes), so a slowly ticking estimate
+    is not re-reported on every pass.
+
+    >>> e = Estimate(1800.0, "about 30 min (...)")
+    >>> changed_meaningfully(None, e), changed_meaningfully("about 30 min", e), changed_meaningfully("about 26 min", e)
+    (True, False, False)
+    >>> changed_meaningfully("about 60 min", e), changed_meaningfully("unknown", e)
+    (True, True)
+    """
+    if previous is None or previous == new.tag:
+        return previous is None
+    old_minutes = _tag_minutes(previous)
+    new_minutes = _tag_minutes(new.tag)
+    if old_minutes is None or new_minutes is None:
+        return True
+    return abs(new_minutes - old_minutes) >= max(2.0, 0.25 * max(old_minutes, new_minutes))
+
+
+def _tag_minutes(tag: str) -> float | None:
+    """The minutes an estimate's tag names (None for "unknown")."""
+    if tag.startswith("now") or "under a minute" in tag:
+        return 0.0
+    words = tag.replace("about ", "").split()
+    try:
+        if "h" in words:
+            return int(words[0]) * 60 + (int(words[2]) if len(words) > 2 else 0)
+        return float(words[0])
+    except (ValueError, IndexError):
+        return None

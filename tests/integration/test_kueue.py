@@ -1,0 +1,260 @@
+"""Kueue mode on the real control plane with a real Kueue (built from its pinned module): a class
+that names a LocalQueue hands its runs' Jobs to Kueue, which suspends them until its ClusterQueue
+admits them -- by quota, in priority order, preempting a lower priority. Every step of that is
+what the Dagster run shows: Kueue's state and words, its place in the ClusterQueue, and that a
+preempted run waits again instead of failing."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+import yaml
+from dagster import DagsterInstance, DagsterRunStatus
+from dagster._core.launcher import WorkerStatus
+from dagster._core.test_utils import instance_for_test
+
+from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.run.kueue import kueue_manifests
+from gpufn_dagster.run.watch import CapacityWatcher
+from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
+
+from ..conftest import REPO, wait_for
+from .test_launcher import fanned_out_run, launcher_config, materialize, shard_step_pods
+
+pytestmark = pytest.mark.k8s
+KUEUE = {"local_queue": "gpu-l4", "priority_classes": {10: "gpufn-high", 0: "gpufn-normal", -10: "gpufn-low"}}
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster) -> Iterator[Kueue]:
+    from gpufn_devcluster.cluster import binaries_dir
+
+    with Kueue(binaries_dir(), cluster) as running:
+        yield running
+
+
+@pytest.fixture
+def kueue_classes(classes_dir):
+    """The shipped classes, l4 in Kueue mode (LocalQueue gpu-l4, three priority classes)."""
+    l4 = classes_dir / "l4.yaml"
+    l4.write_text(l4.read_text() + yaml.safe_dump({"kueue": KUEUE}))
+    return classes_dir
+
+
+@pytest.fixture
+def queue(cluster, kueue, namespace, core, kueue_classes) -> Iterator[str]:
+    """Kueue's objects for the l4 class as `kueue_manifests` makes them, with a quota of one GPU,
+    in this test's namespace (labelled for Kueue); its ClusterQueue is this test's own."""
+    core.patch_namespace(namespace, {"metadata": {"labels": {KUEUE_NAMESPACE_LABEL: "true"}}})
+    objects = kueue_manifests(load_gpu_classes(kueue_classes).values(), {"l4": 1}, namespace)
+    name = f"gpufn-l4-{uuid.uuid4().hex[:6]}"
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    for body in objects:
+        if body["kind"] == "ClusterQueue":
+            body["metadata"]["name"] = name
+        elif body["kind"] == "LocalQueue":
+            body["spec"]["clusterQueue"] = name
+        try:
+            apply_objects(cluster, [body])
+        except kubernetes.client.ApiException as err:
+            if err.status != 409:  # flavors and priority classes are cluster-wide, made by an earlier test
+                raise
+    yield name
+    kubernetes.client.BatchV1Api(cluster.api_client()).delete_collection_namespaced_job(
+        namespace, propagation_policy="Background")
+    custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name)
+
+
+@pytest.fixture
+def instance(cluster, namespace, kueue_classes) -> Iterator[DagsterInstance]:
+    overrides = {"run_launcher": launcher_config(cluster, namespace, kueue_classes),
+                 "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+                 "run_monitoring": {"enabled": True, "start_timeout_seconds": 0}}
+    with instance_for_test(overrides=overrides) as instance:
+        yield instance
+
+
+@pytest.fixture
+def watcher(cluster, instance, namespace, kueue_classes) -> CapacityWatcher:
+    client = cluster.api_client()
+    return CapacityWatcher(instance, kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client),
+                           load_gpu_classes(kueue_classes), namespace)
+
+
+def workload(cluster, namespace: str, run_id: str) -> dict:
+    """The Kueue Workload of a run's Job, once Kueue made it."""
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    job = f"dagster-run-{run_id}"
+
+    def find():
+        items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]
+        return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))), None)
+    return wait_for(find, what=f"the Workload of {job}", timeout=60)
+
+
+def condition(cluster, namespace: str, run_id: str, kind: str, status: str = "True", reason: str | None = None) -> dict:
+    def find():
+        for c in (workload(cluster, namespace, run_id).get("status") or {}).get("conditions") or []:
+            if c["type"] == kind and c["status"] == status and (reason is None or c["reason"] == reason):
+                return c
+        return None
+    return wait_for(find, what=f"{kind}={status} on the Workload of run {run_id}", timeout=90)
+
+
+def running_pod(core, namespace: str, run_id: str):
+    def find():
+        pods = core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items
+        return next((p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp), None)
+    return wait_for(find, what=f"a running pod of run {run_id}", timeout=90)
+
+
+def events(instance: DagsterInstance, run_id: str) -> list[str]:
+    return [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
+
+
+def job_suspended(cluster, namespace: str, run_id: str) -> bool:
+    job = kubernetes.client.BatchV1Api(cluster.api_client()).read_namespaced_job(f"dagster-run-{run_id}", namespace)
+    return bool(job.spec.suspend)
+
+
+def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_quota_frees(
+        cluster, core, namespace, queue, instance, watcher):
+    first = materialize(instance, "frames__emb_l4")
+    job = kubernetes.client.BatchV1Api(cluster.api_client()).read_namespaced_job(f"dagster-run-{first}", namespace)
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu-l4"
+    assert job.metadata.labels["kueue.x-k8s.io/priority-class"] == "gpufn-normal"  # no dagster/priority: 0
+    condition(cluster, namespace, first, "Admitted")
+    assert running_pod(core, namespace, first).spec.node_selector["cloud.google.com/gke-accelerator"] == "nvidia-l4"
+
+    second = materialize(instance, "frames__emb_l4")
+    pending = condition(cluster, namespace, second, "QuotaReserved", "False")
+    assert "insufficient unused quota for nvidia.com/gpu in flavor l4" in pending["message"], pending
+    watcher.tick()
+    run = instance.get_run_by_id(second)
+    assert run.status == DagsterRunStatus.STARTING  # waiting: not failed, not orphaned
+    assert job_suspended(cluster, namespace, second)
+    assert not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={second}").items
+    assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"], run.tags["gpufn/kueue"]) == (
+        "waiting", "KueuePending", "pending")
+    said = events(instance, second)
+    wait = next((m for m in said if "Waiting for GPU capacity" in m), said)
+    assert f"position 1 of 1 in ClusterQueue {queue}" in wait, wait
+    assert pending["message"] in wait, wait  # Kueue's message verbatim
+    # Dagster's run monitoring sees a suspended Job as a worker still starting, not a failed one.
+    assert instance.run_launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
+    assert instance.get_run_by_id(first).tags["gpufn/kueue"] == "admitted"
+
+    instance.run_launcher.terminate(first)  # its Job goes, and with it the quota it held
+    condition(cluster, namespace, second, "Admitted")
+    running_pod(core, namespace, second)
+    watcher.tick()
+    run = instance.get_run_by_id(second)
+    assert (run.tags["gpufn/capacity"], run.tags["gpufn/kueue"]) == ("scheduled", "admitted")
+    said = events(instance, second)
+    assert any(f"Admitted by Kueue to ClusterQueue {queue}" in m for m in said), said
+    assert any("GPU capacity arrived: scheduled on node l4-" in m for m in said), said
+
+
+def test_waiting_runs_are_admitted_by_dagster_priority_and_a_higher_one_preempts_a_lower(
+        cluster, core, namespace, queue, instance, watcher):
+    low = materialize(instance, "frames__emb_l4", tags={"dagster/priority": "-10"})
+    condition(cluster, namespace, low, "Admitted")
+    running_pod(core, namespace, low)
+
+    high = materialize(instance, "frames__emb_l4", tags={"dagster/priority": "10"})
+    preempted = condition(cluster, namespace, low, "Evicted", reason="Preempted")
+    condition(cluster, namespace, high, "Admitted")
+    running_pod(core, namespace, high)
+    wait_for(lambda: job_suspended(cluster, namespace, low), what="the preempted run's Job suspended")
+    wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={low}").items
+                          if not p.metadata.deletion_timestamp], what="the preempted run's pod gone", timeout=60)
+    watcher.tick()
+    run = instance.get_run_by_id(low)
+    assert run.status == DagsterRunStatus.STARTING  # preempted: it waits again, it did not fail
+    assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"], run.tags["gpufn/kueue"]) == (
+        "waiting", "KueuePreempted", "preempted")
+    said = next(m for m in events(instance, low) if "Waiting for GPU capacity" in m)
+    assert "Kueue preempted it (it waits to be admitted again; its code did not fail)" in said, said
+    assert preempted["message"] in said, said
+
+    # Two more wait behind the high-priority run: the normal one was submitted last but goes first.
+    normal = materialize(instance, "frames__emb_l4")
+    condition(cluster, namespace, normal, "QuotaReserved", "False")
+    watcher.tick()
+    said = next(m for m in events(instance, normal) if "Waiting for GPU capacity" in m)
+    assert f"position 1 of 2 in ClusterQueue {queue}" in said, said
+    instance.run_launcher.terminate(high)
+    condition(cluster, namespace, normal, "Admitted")
+    running_pod(core, namespace, normal)
+    assert job_suspended(cluster, namespace, low)  # the low one still waits
+    watcher.tick()
+    assert instance.get_run_by_id(normal).tags["gpufn/capacity"] == "scheduled"
+    assert instance.get_run_by_id(low).tags["gpufn/capacity"] == "waiting"
+
+
+def test_a_run_that_ends_while_kueue_keeps_its_job_suspended_leaves_no_job_behind(
+        cluster, core, namespace, queue, instance, watcher):
+    holder = materialize(instance, "frames__emb_l4")
+    condition(cluster, namespace, holder, "Admitted")
+    waiting = materialize(instance, "frames__emb_l4")
+    condition(cluster, namespace, waiting, "QuotaReserved", "False")
+    instance.report_run_failed(instance.get_run_by_id(waiting), "failed elsewhere (say, by an operator)")
+    report = watcher.tick()
+    assert f"dagster-run-{waiting}" in report.deleted_jobs
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    assert f"dagster-run-{waiting}" not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items
+                                            if not j.metadata.deletion_timestamp}
+    assert f"dagster-run-{holder}" not in report.deleted_jobs  # the admitted one's run is still starting
+
+
+def test_the_shipped_kueue_objects_are_accepted_by_kueue_and_their_cluster_queues_become_active(cluster, kueue, core):
+    objects = [d for d in yaml.safe_load_all((REPO / "deploy" / "kueue.yaml").read_text()) if d]
+    if not any(n.metadata.name == "dagster" for n in core.list_namespace().items):
+        core.create_namespace({"metadata": {"name": "dagster"}})
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    for body in objects:
+        try:
+            apply_objects(cluster, [body])  # through Kueue's validating and defaulting webhooks
+        except kubernetes.client.ApiException as err:
+            assert err.status == 409, err.body  # a flavor or priority class an earlier test made
+    queues = [d["metadata"]["name"] for d in objects if d["kind"] == "ClusterQueue"]
+
+    def active(name: str) -> bool:
+        status = custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name).get("status") or {}
+        return any(c["type"] == "Active" and c["status"] == "True" for c in status.get("conditions") or [])
+    for name in queues:
+        wait_for(lambda n=name: active(n), what=f"ClusterQueue {name} Active", timeout=60)
+    for body in objects:
+        if body["kind"] == "LocalQueue":
+            custom.delete_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "dagster", "localqueues",
+                                                   body["metadata"]["name"])
+    for name in queues:
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name)
+
+
+def test_a_fanned_out_refresh_whose_shard_jobs_kueue_holds_back_names_the_waiting_shards(
+        cluster, core, namespace, queue, instance, watcher, kueue_classes, monkeypatch):
+    monkeypatch.setenv("GPUFN_CLASSES_DIR", str(kueue_classes))  # the code location's classes: l4 in Kueue mode
+    monkeypatch.delitem(sys.modules, "k8s_defs", raising=False)  # Dagster keeps a loaded code location's module
+    run = fanned_out_run(cluster, namespace, instance)
+    shard_step_pods(cluster, namespace, instance, run, range(2), pods=False)
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    jobs = {j.metadata.labels["shard"]: j for j in batch.list_namespaced_job(namespace).items if "shard" in j.metadata.labels}
+    assert {j.metadata.labels["kueue.x-k8s.io/queue-name"] for j in jobs.values()} == {"gpu-l4"}
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+
+    def states():
+        items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]
+        return sorted(c["type"] for w in items for c in w.get("status", {}).get("conditions", [])
+                      if c["type"] in ("Admitted", "QuotaReserved") and c["status"] == ("True" if c["type"] == "Admitted"
+                                                                                       else "False"))
+    wait_for(lambda: states() == ["Admitted", "QuotaReserved"], what="one shard admitted, one held back", timeout=90)
+    watcher.tick()
+    said = [m for m in events(instance, run.run_id) if "Waiting for GPU capacity" in m]
+    assert len(said) == 1 and said[0].startswith("[CapacityWatcher] Step frames__emb_wide.frames__emb_wide_shard-shard_1: Waiting"), said
+    assert "insufficient unused quota for nvidia.com/gpu in flavor l4" in said[0], said
+    assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity-reason"] == "KueuePending"
