@@ -138,16 +138,17 @@ def capacity(as_json: bool) -> None:
     with DagsterInstance.from_config(str(home)) as instance:
         waiting = waiting_runs(instance)
     if as_json:
-        click.echo(json.dumps({name: [{"run_id": r, "waited_seconds": round(w, 1)} for r, w in items]
-                               for name, items in waiting.items()}, indent=2))
+        click.echo(json.dumps({name: [{"run_id": r, "waited_seconds": round(w, 1), "wait_estimate": e}
+                                      for r, w, e in items] for name, items in waiting.items()}, indent=2))
         return
     if not waiting:
         click.echo("no run is waiting for GPU capacity")
         return
     from tabulate import tabulate
 
-    rows = [[name, len(items), f"{items[0][1]:.0f}s", ", ".join(r[:8] for r, _ in items)] for name, items in waiting.items()]
-    click.echo(tabulate(rows, headers=["GPU CLASS", "WAITING RUNS", "LONGEST WAIT", "RUNS"]))
+    rows = [[name, len(items), f"{items[0][1]:.0f}s", items[-1][2] or "-", ", ".join(r[:8] for r, _, _ in items)]
+            for name, items in waiting.items()]
+    click.echo(tabulate(rows, headers=["GPU CLASS", "WAITING RUNS", "LONGEST WAIT", "LAST IN LINE STARTS", "RUNS"]))
 
 
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:

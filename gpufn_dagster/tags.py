@@ -30,6 +30,7 @@ CAPACITY_TAG = PREFIX + "capacity"
 CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
 WAITING_SINCE_TAG = PREFIX + "waiting-since"
 CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
+WAIT_ESTIMATE_TAG = PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate)
 KUEUE_TAG = PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
 # On runs started by the table and unfilled-rows sensors.
 TABLE_TAG = PREFIX + "table"

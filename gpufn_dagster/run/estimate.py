@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 HISTORY_RUNS = 20  # the most recent successful runs per kind of work that a typical duration uses
@@ -62,7 +62,7 @@ class Estimate:
 
     @property
     def tag(self) -> str:
-        """The tag value: the short form ("about 30 min", "now", "unknown")."""
+        """The tag value: the short form ("about 30 min", "under a minute", "now", "unknown")."""
         return self.text.split(" (")[0]
 
 
@@ -87,41 +87,62 @@ def estimate_wait(state: QueueState, history: Mapping[str, Sequence[float]]) -> 
     """When the waiting run should start: the class's GPUs replayed over the runs that hold them and
     the runs ahead, each for its typical duration (`history`: work -> recent durations in seconds).
     A run needing N GPUs starts when N of them are free at once."""
-    where = f"on {state.gpu_class}"
-    ahead = len(state.ahead)
-    runs = f"{ahead} run{'s' if ahead != 1 else ''} ahead {where}"
-    if state.capacity < 1:
-        return Estimate(None, f"unknown ({runs}; no GPU of the class is known here)")
-    unknown = sorted({w.work for w in [*state.holding, *state.ahead] if typical(history.get(w.work, ())) is None})
-    if unknown:
-        return Estimate(None, f"unknown ({runs}; no finished run of {', '.join(unknown[:3])} in this instance's "
-                              "history)")
-    free = [0.0] * state.capacity  # when each GPU frees, seconds from now
+    line = [*state.ahead, Ahead("", state.gpus)]  # its own work does not matter to its start
+    return estimate_line(state.gpu_class, state.capacity, state.holding, line, history)[-1]
+
+
+def estimate_line(gpu_class: str, capacity: int, holding: Sequence[Holder], line: Sequence[Ahead],
+                  history: Mapping[str, Sequence[float]]) -> list[Estimate]:
+    """The estimate of every run of a class's line (first in line first) in one pass: each takes the
+    GPUs as they free, so a line of n runs costs n heap operations, not n^2."""
+    detail_of = _details(gpu_class, capacity, line, history)
+    if capacity < 1:
+        return [Estimate(None, f"unknown ({detail_of(i)}; no GPU of the class is known here)") for i in range(len(line))]
+    unknown_holders = sorted({h.work for h in holding if typical(history.get(h.work, ())) is None})
+    free = [0.0] * capacity  # when each GPU frees, seconds from now
     held = 0
-    for holder in state.holding:
-        left = max(typical(history[holder.work]) - holder.elapsed, 0.0)
-        for _ in range(min(holder.gpus, state.capacity - held)):
+    for holder in holding:
+        left = max((typical(history.get(holder.work, ())) or 0.0) - holder.elapsed, 0.0)
+        for _ in range(min(holder.gpus, capacity - held)):
             free[held] = left
             held += 1
     heapq.heapify(free)
-
-    def take(gpus: int, seconds: float | None) -> float:
-        gpus = min(gpus, state.capacity)
-        taken = [heapq.heappop(free) for _ in range(gpus)]
+    estimates, unknown = [], list(unknown_holders)
+    for index, run in enumerate(line):
+        if unknown:
+            estimates.append(Estimate(None, f"unknown ({detail_of(index)}; no finished run of "
+                                            f"{', '.join(unknown[:3])} in this instance's history)"))
+        taken = [heapq.heappop(free) for _ in range(min(run.gpus, capacity))]
         start = max(taken)
+        seconds = typical(history.get(run.work, ()))
         for _ in taken:
             heapq.heappush(free, start + (seconds or 0.0))
-        return start
+        if not unknown:
+            estimates.append(Estimate(0.0, f"now ({detail_of(index)})") if start <= 0 else Estimate(
+                start, f"{'about ' if start >= 60 else ''}{_minutes(start)} ({detail_of(index)})"))
+        if seconds is None and run.work not in unknown:
+            unknown.append(run.work)  # nobody behind it can be estimated
+    return estimates
 
-    for run in state.ahead:
-        take(run.gpus, typical(history[run.work]))
-    start = take(state.gpus, None)
-    durations = [typical(history[w.work]) for w in state.ahead]
-    each = f", typical {_minutes(statistics.median(durations))} each" if durations else ""
-    detail = f"{runs}{each}, {state.capacity} GPU{'s' if state.capacity != 1 else ''} in the class"
-    if start <= 0:
-        return Estimate(0.0, f"now ({detail})")
-    return Estimate(start, f"about {_minutes(start)} ({detail})")
+
+def _details(gpu_class: str, capacity: int, line: Sequence[Ahead],
+             history: Mapping[str, Sequence[float]]) -> Callable[[int], str]:
+    """The "3 runs ahead on X, typical 8 min each, 2 GPUs in the class" part for a place in line
+    (typical: the mean of the typical durations ahead, from prefix sums, so each place costs O(1))."""
+    sums, known = [0.0], [0]
+    for run in line:
+        seconds = typical(history.get(run.work, ()))
+        sums.append(sums[-1] + (seconds or 0.0))
+        known.append(known[-1] + (seconds is not None))
+    gpus = f"{capacity} GPU{'s' if capacity != 1 else ''} in the class"
+
+    def detail(index: int) -> str:
+        runs = f"{index} run{'s' if index != 1 else ''} ahead on {gpu_class}"
+        if capacity < 1 or known[index] < index:
+            return runs
+        each = f", typical {_minutes(sums[index] / index)} each" if index else ""
+        return f"{runs}{each}, {gpus}"
+    return detail
 
 
 def changed_meaningfully(previous: str | None, new: Estimate) -> bool:

@@ -38,6 +38,7 @@ from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GP
                     PLACEMENT_REJECTED, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_pool,
                     pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
+from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
 from .shared import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
 
@@ -132,6 +133,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             run = self._instance.get_run_by_id(run_id)
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
                 self._report_run_waits(run, run_waits, waits, classes, now)
+        self._estimate(waits, classes, now)
         waited = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
                                                     tags={CAPACITY_TAG: CapacityState.WAITING.value}))
         for run in waited:
@@ -142,6 +144,17 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 self._instance.report_engine_event(
                     f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
                     EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
+
+    def _estimate(self, waits: list[StepWait], classes: Mapping[str, GpuClass], now: float) -> None:
+        """A wait estimate on each run whose GPU step waits, from its place in its class's line and the
+        class's local slots (one GPU each)."""
+        lines: dict[str, list[DagsterRun]] = defaultdict(list)
+        for wait in sorted(waits, key=lambda w: w.position):
+            run = self._instance.get_run_by_id(wait.run_id)
+            if run is not None and run.status == DagsterRunStatus.STARTED and run not in lines[wait.gpu_class]:
+                lines[wait.gpu_class].append(run)
+        report_estimates(self._instance, lines, {name: c.local.slots for name, c in classes.items()}, now,
+                         self.__class__)
 
     def _report_run_waits(self, run: DagsterRun, run_waits: list[StepWait], waits: list[StepWait],
                           classes: Mapping[str, GpuClass], now: float) -> None:

@@ -18,8 +18,8 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG, CapacityReason, CapacityState,
-                    waiting_since)
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG, WAIT_ESTIMATE_TAG, CapacityReason,
+                    CapacityState, waiting_since)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -145,8 +145,8 @@ def release_ended_runs(instance: DagsterInstance, limit: int = 100) -> list[str]
     return [run.run_id for run in runs]
 
 
-def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[str, list[tuple[str, float]]]:
-    """GPU class -> (run id, seconds waited) of every run waiting for capacity, longest first.
+def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[str, list[tuple[str, float, str]]]:
+    """GPU class -> (run id, seconds waited, wait estimate) of every run waiting for capacity, longest first.
 
     Works for both modes: started runs whose GPU steps wait for a local slot (embedded) and
     STARTING runs whose worker pod waits for a node (Kubernetes).
@@ -154,7 +154,8 @@ def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[st
     now = time.time() if now is None else now
     runs = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
                                         tags={CAPACITY_TAG: CapacityState.WAITING.value}))
-    out: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    out: dict[str, list[tuple[str, float, str]]] = defaultdict(list)
     for run in runs:
-        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - waiting_since(run.tags, now)))
+        out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - waiting_since(run.tags, now),
+                                                      run.tags.get(WAIT_ESTIMATE_TAG, "")))
     return {name: sorted(items, key=lambda item: -item[1]) for name, items in sorted(out.items())}

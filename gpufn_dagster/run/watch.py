@@ -41,7 +41,9 @@ from ..classes import ClassesDir, GpuClass, cached_gpu_classes
 from ..tags import (GPU_CLASS_TAG, GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
                     waiting_since)
 from . import kueue
+from ..k8s_syntax import parse_quantity
 from .capacity import Decision, Event, Verdict, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from .history import report_estimates
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, answered_status, api_error, api_host, call
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL, COUNT_LABEL
@@ -56,6 +58,7 @@ class ClassReport:
     waiting: int = 0
     longest_wait_seconds: float = 0.0
     running: int = 0
+    estimate_last: str = ""  # the wait estimate of the last run in line
 
 
 @dataclass
@@ -76,7 +79,8 @@ class TickReport:
             stats.running += 1
 
     def summary(self) -> str:
-        parts = [f"{name}: {r.waiting} waiting (longest {r.longest_wait_seconds:.0f}s), {r.running} placed"
+        parts = [f"{name}: {r.waiting} waiting (longest {r.longest_wait_seconds:.0f}s"
+                 f"{'; last in line: ' + r.estimate_last if r.estimate_last else ''}), {r.running} placed"
                  for name, r in sorted(self.classes.items())]
         extra = []
         if self.failed_runs:
@@ -104,6 +108,10 @@ def _step_of(pod: Any) -> str | None:
 
 def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
+
+
+def _get_allocatable(node: Any) -> dict[str, str]:
+    return (node.status.allocatable if node.status is not None else None) or {}
 
 
 def _job_failure(job: Any) -> str | None:
@@ -184,12 +192,31 @@ class CapacityWatcher:
                                if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)
             report.count(gpu_class.name, decision)
             self._apply(run, decision, (_name(job), job.metadata.namespace), report)
+        self._estimate(verdicts, positions, queued, kueue_positions, nodes, report, now)
 
         self._step_pods(per_step, [p for p in pods if _step_of(p)], [j for j in jobs if _step_of(j)], workloads,
                         events, nodes, report, now)
         self._delete_orphans(jobs, report)
         release_ended_runs(self.instance)
         return report
+
+    def _estimate(self, verdicts: Mapping[str, Any], positions: Mapping[str, tuple[int, int]],
+                  queued: Mapping[str, Any], kueue_positions: Mapping[str, tuple[int, int]], nodes: list[Any],
+                  report: TickReport, now: float) -> None:
+        """A wait estimate on every waiting run, from its line on the class and the class's GPUs (nodes x GPUs)."""
+        lines: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+        for run_id, (run, gpu_class, _, verdict) in verdicts.items():
+            if verdict.state is CapacityState.WAITING and run_id in positions:
+                lines[gpu_class.name].append((positions[run_id][0], run))
+        for run, gpu_class, workload, _ in queued.values():
+            lines[gpu_class.name].append((kueue_positions.get(workload.name, (10**9, 0))[0], run))
+        if not lines:
+            return
+        capacities = {name: int(sum(parse_quantity((_get_allocatable(n)).get(self.classes[name].resource_name, "0"))
+                                    for n in class_nodes(self.classes[name], nodes))) for name in lines}
+        ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in lines.items()}
+        for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
+            report.classes[name].estimate_last = estimate.text
 
     def _step_pods(self, runs: list[Any], pods: list[Any], step_jobs: list[Any],
                    workloads: Mapping[tuple[str, str], kueue.WorkloadStatus], events: dict[str, list[Any]],

@@ -144,6 +144,9 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     wait = next((m for m in said if "Waiting for GPU capacity" in m), said)
     assert f"position 1 of 1 in ClusterQueue {queue}" in wait, wait
     assert pending["message"] in wait, wait  # Kueue's message verbatim
+    assert run.tags["gpufn/wait-estimate"] == "unknown"  # this instance has no finished run of the work yet
+    assert any("Wait estimate: unknown (0 runs ahead on l4; no finished run of frames__emb_l4" in m
+               for m in events(instance, second)), events(instance, second)
     # Dagster's run monitoring sees a suspended Job as a worker still starting, not a failed one.
     assert instance.run_launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
     assert instance.get_run_by_id(first).tags["gpufn/kueue"] == "admitted"

@@ -77,3 +77,19 @@ def test_positions_follow_kueues_order_per_cluster_queue_and_skip_admitted_workl
         workload("new-high", condition("QuotaReserved", "False", "Pending"), priority=10, created="2026-12-01T08:00:00Z"),
         workload("running", condition("Admitted", "True", "Admitted"), priority=100)]]
     assert queue_positions(statuses) == {"new-high": (1, 2), "old-low": (2, 2)}
+
+
+def test_without_kueue_installed_the_watcher_reads_no_workloads_instead_of_failing_its_tick():
+    import kubernetes
+    from dagster._core.test_utils import instance_for_test
+
+    from gpufn_dagster.run.watch import CapacityWatcher
+
+    class NoKueue:  # the API server's answer when Kueue's CRDs are not installed
+        def list_namespaced_custom_object(self, *args, **kwargs):
+            raise kubernetes.client.ApiException(status=404, reason="Not Found")
+
+    with instance_for_test() as instance:
+        watcher = CapacityWatcher(instance, core_api=None, batch_api=None, classes={}, namespace="ns",
+                                  custom_api=NoKueue())
+        assert watcher._workloads() == {}

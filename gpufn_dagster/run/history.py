@@ -1,0 +1,82 @@
+"""Wait estimates on waiting GPU runs: the instance's side (history, holders, tags and events).
+
+Both waiting paths -- the embedded queue's pass and the Kubernetes watcher's tick -- know the
+line of runs waiting on each class and the class's capacity; this module adds what the instance
+knows (how long each kind of work took recently, who holds the class's GPUs and since when),
+asks `estimate.estimate_line`, and records the answer on each waiting run: tag
+`gpufn/wait-estimate` and an event, both only when the estimate changed meaningfully. A few
+queries per class with waiting runs, whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster._core.events import EngineEventData
+
+from ..tags import CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, WAIT_ESTIMATE_TAG, CapacityState
+from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line
+
+
+def work_of(run: Any) -> str:
+    """What a run does, as the history groups it: its selected assets (what Materialize picks), else its job.
+
+    >>> from types import SimpleNamespace
+    >>> from dagster import AssetKey
+    >>> work_of(SimpleNamespace(asset_selection={AssetKey("docs__embedding")}, job_name="__ASSET_JOB"))
+    'docs__embedding'
+    """
+    if run.asset_selection:
+        return ", ".join(sorted(key.to_user_string() for key in run.asset_selection))
+    return run.job_name
+
+
+def _gpus(run: Any) -> int:
+    try:
+        return int(run.tags.get(GPU_COUNT_TAG, "1").split(",")[0])
+    except ValueError:
+        return 1
+
+
+def class_history(instance: DagsterInstance, gpu_class: str) -> dict[str, list[float]]:
+    """Work -> durations (seconds) of the class's recent successful runs, the newest first."""
+    records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.SUCCESS], tags={GPU_CLASS_TAG: gpu_class}),
+                                       limit=HISTORY_RUNS * 10)
+    durations: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        if record.start_time and record.end_time and len(durations[work_of(record.dagster_run)]) < HISTORY_RUNS:
+            durations[work_of(record.dagster_run)].append(record.end_time - record.start_time)
+    return durations
+
+
+def class_holders(instance: DagsterInstance, gpu_class: str, now: float) -> list[Holder]:
+    """The runs of the class that hold its GPUs now (started or placed, not waiting), with their age."""
+    records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
+                                                  tags={GPU_CLASS_TAG: gpu_class}))
+    return [Holder(work_of(r.dagster_run), _gpus(r.dagster_run), now - (r.start_time or r.create_timestamp.timestamp()))
+            for r in records if r.dagster_run.tags.get(CAPACITY_TAG) != CapacityState.WAITING.value]
+
+
+def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any]], capacities: Mapping[str, int],
+                     now: float, reporter: type) -> dict[str, Estimate]:
+    """Estimate and record the wait of every run in `lines` (class -> its waiting runs, first in line
+    first) on `capacities` (class -> GPUs); returns each class's estimate for the last in line."""
+    last: dict[str, Estimate] = {}
+    for gpu_class, runs in lines.items():
+        if not runs:
+            continue
+        history, holders = class_history(instance, gpu_class), class_holders(instance, gpu_class, now)
+        line = [Ahead(work_of(run), _gpus(run)) for run in runs]
+        estimates = estimate_line(gpu_class, capacities.get(gpu_class, 0), holders, line, history)
+        last[gpu_class] = estimates[-1]
+        for place, (run, estimate) in enumerate(zip(runs, estimates, strict=True)):
+            if changed_meaningfully(run.tags.get(WAIT_ESTIMATE_TAG), estimate):
+                instance.add_run_tags(run.run_id, {WAIT_ESTIMATE_TAG: estimate.tag})
+                instance.report_engine_event(
+                    f"Wait estimate: {estimate.text}", run,
+                    EngineEventData({"Estimate": estimate.tag, "Runs ahead": place, "GPU class": gpu_class,
+                                     "Class GPUs": capacities.get(gpu_class, 0)}), cls=reporter)
+    return last

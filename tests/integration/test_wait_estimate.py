@@ -1,0 +1,49 @@
+"""Wait estimates from a real Dagster instance's history: finished runs of the same work give the
+typical duration, started runs of the class hold its GPUs, and each waiting run gets a tag and an
+event, said again only when the estimate moves."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+from dagster import DagsterRunStatus
+from dagster._core.test_utils import create_run_for_test, instance_for_test
+
+from gpufn_dagster.run.history import class_history, report_estimates
+
+L4 = {"gpufn/gpu-class": "l4", "gpufn/gpu-count": "1"}
+
+
+@dg.asset
+def embedding() -> None:
+    time.sleep(0.2)
+
+
+def test_waiting_runs_get_an_estimate_from_history_and_unknown_without_it():
+    with instance_for_test() as instance:
+        for _ in range(2):  # two real runs of the work: its history
+            assert dg.materialize([embedding], instance=instance, tags=L4).success
+        history = class_history(instance, "l4")
+        (work, durations), = history.items()
+        assert len(durations) == 2 and all(0.2 <= d < 60 for d in durations), history
+        create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED, tags=L4)  # holds the GPU
+        waiting = [create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED,
+                                       tags={**L4, "gpufn/capacity": "waiting"}) for _ in range(2)]
+        stranger = create_run_for_test(instance, job_name="train", status=DagsterRunStatus.STARTED,
+                                       tags={**L4, "gpufn/capacity": "waiting"})
+        line = [stranger, *waiting]  # the run of unknown work first: nobody behind it can be estimated
+        last = report_estimates(instance, {"l4": waiting}, {"l4": 1}, time.time(), reporter=type(instance))
+        tags = [instance.get_run_by_id(r.run_id).tags["gpufn/wait-estimate"] for r in waiting]
+        assert tags == ["under a minute", "under a minute"], tags  # the holder and the run ahead take < 1 s
+        assert last["l4"].text == "under a minute (1 run ahead on l4, typical under a minute each, 1 GPU in the class)"
+        last = report_estimates(instance, {"l4": line}, {"l4": 1}, time.time(), reporter=type(instance))
+        assert last["l4"].text.startswith("unknown (2 runs ahead on l4; no finished run of train")
+        assert instance.get_run_by_id(waiting[1].run_id).tags["gpufn/wait-estimate"] == "unknown"
+        said = [e.message for e in instance.all_logs(waiting[1].run_id) if e.is_dagster_event and e.message]
+        assert [m for m in said if "] Wait estimate: under a minute (1 run ahead on l4" in m], said
+        assert [m for m in said if "] Wait estimate: unknown (2 runs ahead on l4" in m], said
+        report_estimates(instance, {"l4": [instance.get_run_by_id(r.run_id) for r in line]}, {"l4": 1}, time.time(),
+                         reporter=type(instance))
+        again = [e.message for e in instance.all_logs(waiting[1].run_id) if e.is_dagster_event and e.message]
+        assert sum("] Wait estimate" in m for m in again) == 2  # unchanged since: not said again
