@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,12 +179,14 @@ def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decis
 
 
 def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
-           position: tuple[int, int] | None, now: float, queue: str = "waiting on this class") -> Decision:
+           position: tuple[int, int] | None, now: float, queue: str = "waiting on this class",
+           ahead: Sequence[str] = ()) -> Decision:
     """What to record for a STARTING GPU run whose pod got `verdict`, given its tags from earlier ticks.
 
     An unchanged wait is not reported again (its last event is remembered as a digest tag), and a
     wait past the class's `max_wait` fails the run. `position` is (place, of how many) among the
-    runs waiting on the class, or in `queue` (Kueue's ClusterQueue); a wait that follows a run's
+    runs waiting on the class, or in `queue` (Kueue's ClusterQueue), and `ahead` the runs before it
+    (the first few are named); a wait that follows a run's
     time on a node (Kueue preempted it) counts from then.
 
     >>> from gpufn_dagster.classes import GpuClass
@@ -216,7 +218,9 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         digest = hashlib.sha1(f"{reasons}|{verdict.autoscaler}".encode()).hexdigest()[:12]
         if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
             return Decision(CapacityState.WAITING, waited_seconds=waited)
-        place = f"position {position[0]} of {position[1]} {queue}" if position else ""
+        behind = (f", behind run{'s' if len(ahead) > 1 else ''} {', '.join(r[:8] for r in ahead[:3])}"
+                  f"{f' and {len(ahead) - 3} more' if len(ahead) > 3 else ''}" if ahead else "")
+        place = f"position {position[0]} of {position[1]} {queue}{behind}" if position else ""
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
         return Decision(
@@ -229,6 +233,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
                    f"{verdict.source.split(' ')[0]} message": verdict.message,
                    "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
                    "Position": f"{position[0]} of {position[1]}" if position else "",
+                   "Runs ahead": ", ".join(ahead[:10]),
                    "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"}),
             waited_seconds=waited)
     if verdict.state is CapacityState.SCHEDULED:

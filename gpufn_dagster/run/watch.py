@@ -110,6 +110,12 @@ def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
 
 
+def _job_run(job: str | None) -> str:
+    """The run a Job belongs to, from its name (the launcher names run Jobs dagster-run-<run id>;
+    other Jobs in the queue are shown by their own name)."""
+    return (job or "?").removeprefix("dagster-run-")
+
+
 def _get_allocatable(node: Any) -> dict[str, str]:
     return (node.status.allocatable if node.status is not None else None) or {}
 
@@ -181,13 +187,21 @@ class CapacityWatcher:
         positions = queue_positions({
             run_id: (gpu_class.name, waiting_since(run.tags, now))
             for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is CapacityState.WAITING})
+        line = sorted(positions, key=lambda r: (verdicts[r][1].name, positions[r][0]))
         for run_id, (run, gpu_class, count, verdict) in verdicts.items():
-            decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now)
+            ahead = [r for r in line if verdicts[r][1].name == gpu_class.name
+                     and positions[r][0] < positions.get(run_id, (0, 0))[0]]
+            decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now, ahead=ahead)
             report.count(gpu_class.name, decision)
             self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
+        kueue_line = sorted(((w.cluster_queue, kueue_positions[w.name][0], w.job) for w in workloads.values()
+                             if w.name in kueue_positions), key=lambda item: (str(item[0]), item[1]))
         for run, gpu_class, workload, job in queued.values():
+            place = kueue_positions.get(workload.name, (0, 0))[0]
+            ahead = [_job_run(name) for queue, at, name in kueue_line if queue == workload.cluster_queue and at < place]
             decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(GPU_COUNT_TAG, "1")),
-                              kueue_positions.get(workload.name), now, queue=f"in ClusterQueue {workload.cluster_queue}")
+                              kueue_positions.get(workload.name), now, queue=f"in ClusterQueue {workload.cluster_queue}",
+                              ahead=ahead)
             decision = replace(decision, tags={**decision.tags, KUEUE_TAG: workload.state}
                                if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)
             report.count(gpu_class.name, decision)

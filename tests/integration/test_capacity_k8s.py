@@ -107,7 +107,8 @@ def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher
     second = materialize(instance, "frames__emb_a100")
     wait_for(lambda: unschedulable(core, namespace, second), what="second Unschedulable")
     watcher.tick(now=time.time() + 1)
-    assert any("position 2 of 2" in m for m in messages(instance, second))
+    assert any(f"position 2 of 2 waiting on this class, behind run {first[:8]}" in m
+               for m in messages(instance, second)), messages(instance, second)
 
 
 def test_max_wait_fails_the_run_and_deletes_its_job(cluster, core, namespace, instance, watcher, classes_dir,

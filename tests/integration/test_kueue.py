@@ -145,7 +145,7 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     assert f"position 1 of 1 in ClusterQueue {queue}" in wait, wait
     assert pending["message"] in wait, wait  # Kueue's message verbatim
     assert run.tags["gpufn/wait-estimate"] == "unknown"  # this instance has no finished run of the work yet
-    assert any("Wait estimate: unknown (0 runs ahead on l4; no finished run of frames__emb_l4" in m
+    assert any("Wait estimate: unknown (0 runs ahead on l4" in m and "no finished run of frames__emb_l4" in m
                for m in events(instance, second)), events(instance, second)
     # Dagster's run monitoring sees a suspended Job as a worker still starting, not a failed one.
     assert instance.run_launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
@@ -190,6 +190,13 @@ def test_waiting_runs_are_admitted_by_dagster_priority_and_a_higher_one_preempts
     watcher.tick()
     said = next(m for m in events(instance, normal) if "Waiting for GPU capacity" in m)
     assert f"position 1 of 2 in ClusterQueue {queue}" in said, said
+    late = materialize(instance, "frames__emb_l4")  # a third waiter, behind both
+    workload(cluster, namespace, late)  # Kueue may say nothing more of a workload that is not first in line
+    watcher.tick()
+    said = next(m for m in events(instance, late) if "Waiting for GPU capacity" in m)
+    # Kueue's order: priority, then age -- behind the normal one, ahead of the older low one.
+    assert f"position 2 of 3 in ClusterQueue {queue}, behind run {normal[:8]}" in said, said
+    instance.run_launcher.terminate(late)
     instance.run_launcher.terminate(high)
     condition(cluster, namespace, normal, "Admitted")
     running_pod(core, namespace, normal)

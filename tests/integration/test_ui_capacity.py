@@ -49,7 +49,8 @@ def _wait_shown(port: int, db_uri: str, driver) -> None:
     driver.get(f"http://127.0.0.1:{port}/runs/{waiting}")
     page = wait_for_text(driver, "waits for a local GPU slot of class 'default'", timeout=600)
     # And roughly when it starts: this instance has no finished run of the work yet, so "unknown", saying why.
-    page = wait_for_text(driver, "Wait estimate: unknown (0 runs ahead on default; no finished run of", timeout=120)
+    page = wait_for_text(driver, "Wait estimate: unknown (0 runs ahead on default, 1 GPU in the class; no finished "
+                                 "run of docs__embedding", timeout=120)
     dismiss_dialog(driver)
     screenshot(driver, "run_waiting_for_gpu_capacity.png")
     flat = page.replace("\n", " ")
