@@ -43,6 +43,35 @@ def call(fn: Callable[..., T], *args: Any, request_timeout: tuple[float, float] 
     return k8s_api_retry(lambda: fn(*args, **kwargs, _request_timeout=request_timeout), max_retries=2, timeout=1.0)
 
 
+class View(dict):
+    """A Kubernetes object as the API sent it (JSON), read with the client's attribute names
+    (`job.status.active`, `job.metadata.deletion_timestamp`; None when absent). Listing a
+    thousand Jobs through the client's models spends most of a tick parsing timestamps the
+    watcher never reads; a View parses nothing it is not asked for. Labels and annotations stay
+    plain dicts, as in the client's models.
+
+    >>> job = View({"metadata": {"name": "j", "labels": {"a": "b"}}, "status": {"conditions": [{"type": "Failed"}]}})
+    >>> job.metadata.name, job.metadata.labels, job.status.active, job.status.conditions[0].type, job.spec
+    ('j', {'a': 'b'}, None, 'Failed', None)
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        head, *rest = name.split("_")
+        value = self.get(head + "".join(word.title() for word in rest))
+        if isinstance(value, dict) and name not in ("labels", "annotations"):
+            return View(value)
+        if isinstance(value, list):
+            return [View(item) if isinstance(item, dict) else item for item in value]
+        return value
+
+
+def list_views(fn: Callable[..., Any], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+               **kwargs: Any) -> list[View]:
+    """A list call's items as `View`s (one call, bounded and retried like `call`; nothing deserialized)."""
+    answer = call(fn, *args, request_timeout=request_timeout, _preload_content=False, **kwargs)
+    return [View(item) for item in json.loads(answer.data)["items"]]
+
+
 def api_host() -> str:
     """The API server the client's default configuration talks to (for messages)."""
     return kubernetes.client.Configuration.get_default_copy().host

@@ -44,7 +44,7 @@ from . import kueue
 from ..k8s_syntax import parse_quantity
 from .capacity import Decision, Event, Verdict, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .history import report_estimates
-from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, answered_status, api_error, api_host, call
+from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, View, answered_status, api_error, api_host, call, list_views
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL, COUNT_LABEL
 from .shared import RunKind, release_ended_runs
@@ -146,12 +146,18 @@ class CapacityWatcher:
             return self._call(namespaced, self.namespace, **kwargs).items
         return self._call(everywhere, **kwargs).items
 
+    def _jobs(self, **kwargs: Any) -> list[View]:
+        """Jobs as `View`s: a tick reads a few fields of every GPU run's Job, never its timestamps."""
+        if self.namespace:
+            return list_views(self.batch.list_namespaced_job, self.namespace, request_timeout=self.request_timeout,
+                              **kwargs)
+        return list_views(self.batch.list_job_for_all_namespaces, request_timeout=self.request_timeout, **kwargs)
+
     def tick(self, now: float | None = None) -> TickReport:
         now = time.time() if now is None else now
         report = TickReport()
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
-        jobs = self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
-                          label_selector=CLASS_LABEL)
+        jobs = self._jobs(label_selector=CLASS_LABEL)
         pods_by_run = {_run_id(p): p for p in pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in jobs if _run_id(j)}
         starting = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING],
@@ -319,8 +325,7 @@ class CapacityWatcher:
 
     def _without_pod(self, run: Any, job: Any, report: TickReport) -> None:
         """A STARTING GPU run with no pod: its Job is making a new one, has failed, or is gone."""
-        if job is None and self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces,
-                                      label_selector=f"dagster/run-id={run.run_id}"):
+        if job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}"):
             return  # listed before this run's Job existed: nothing is lost
         decision = decide_without_pod(run.tags, _name(job) if job is not None else None,
                                       _job_failure(job) if job is not None else None)
