@@ -157,6 +157,11 @@ class LocalSlots(_Strict):
     devices: list[str] = Field(default_factory=list)
 
 
+def _kueue_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a Kueue object in a Job's label (None: it can)."""
+    return label_value_problem(name) or ("empty" if not name else None)
+
+
 class KueueQueue(_Strict):
     """Kueue mode: the class's run and step Jobs go to Kueue's `local_queue` (a LocalQueue in the
     Jobs' namespace), which suspends each Job until its ClusterQueue admits it.
@@ -179,7 +184,7 @@ class KueueQueue(_Strict):
     @field_validator("local_queue", "priority_class")
     @classmethod
     def _object_name(cls, value: str | None) -> str | None:
-        if value is not None and (problem := label_value_problem(value) or ("empty" if not value else None)):
+        if value is not None and (problem := _kueue_name_problem(value)):
             raise ValueError(f"{value!r} is not a Kueue object name usable as a label value: {problem}")
         return value
 
@@ -187,7 +192,7 @@ class KueueQueue(_Strict):
     @classmethod
     def _priority_names(cls, value: dict[int, str]) -> dict[int, str]:
         for threshold, name in value.items():
-            if problem := label_value_problem(name) or ("empty" if not name else None):
+            if problem := _kueue_name_problem(name):
                 raise ValueError(f"priority {threshold}: {name!r} is not a WorkloadPriorityClass name: {problem}")
         return value
 

@@ -90,6 +90,12 @@ def class_nodes(gpu_class: GpuClass, nodes: Iterable[Any]) -> list[Any]:
     return [n for n in nodes if all((_get(n, "metadata", "labels") or {}).get(k) == v for k, v in selector.items())]
 
 
+def class_gpus(gpu_class: GpuClass, nodes: Iterable[Any]) -> int:
+    """How many GPUs the class's pool has in all (allocatable, over its nodes): its capacity for a wait estimate."""
+    return int(sum(parse_quantity((_get(n, "status", "allocatable") or {}).get(gpu_class.resource_name, "0"))
+                   for n in class_nodes(gpu_class, nodes)))
+
+
 def could_ever_fit(gpu_class: GpuClass, gpu_count: int, pool: Iterable[Any]) -> bool | None:
     """Whether some node of the pool holds the request when empty; None when the pool has no node
     (an autoscaler may still add one)."""

@@ -41,8 +41,7 @@ from ..classes import ClassesDir, GpuClass, cached_gpu_classes
 from ..tags import (GPU_CLASS_TAG, GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
                     waiting_since)
 from . import kueue
-from ..k8s_syntax import parse_quantity
-from .capacity import Decision, Event, Verdict, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from .capacity import Decision, Event, Verdict, class_gpus, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .history import report_estimates
 from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, View, answered_status, api_error, api_host, call, list_views
 from .launcher import GpuK8sRunLauncher
@@ -114,10 +113,6 @@ def _job_run(job: str | None) -> str:
     """The run a Job belongs to, from its name (the launcher names run Jobs dagster-run-<run id>;
     other Jobs in the queue are shown by their own name)."""
     return (job or "?").removeprefix("dagster-run-")
-
-
-def _get_allocatable(node: Any) -> dict[str, str]:
-    return (node.status.allocatable if node.status is not None else None) or {}
 
 
 def _job_failure(job: Any) -> str | None:
@@ -232,8 +227,7 @@ class CapacityWatcher:
             lines[gpu_class.name].append((kueue_positions.get(workload.name, (10**9, 0))[0], run))
         if not lines:
             return
-        capacities = {name: int(sum(parse_quantity((_get_allocatable(n)).get(self.classes[name].resource_name, "0"))
-                                    for n in class_nodes(self.classes[name], nodes))) for name in lines}
+        capacities = {name: class_gpus(self.classes[name], nodes) for name in lines}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in lines.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
