@@ -29,11 +29,12 @@ from ..conftest import wait_for
 DEFS = Path(__file__).with_name("local_defs.py")
 
 
-def submit(workspace, *assets: str) -> str:
+def submit(workspace, *assets: str, tags: dict[str, str] | None = None) -> str:
     context = workspace.create_request_context()
     result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
         "selector": {"repositoryLocationName": "local_slots", "repositoryName": "__repository__",
                      "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         "mode": "default"}})
     launched = result.data["launchPipelineExecution"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
@@ -93,7 +94,9 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         queue_pass()  # launches both: a run whose GPU step must wait still starts
         wait_for(lambda: pending(instance) == [second], timeout=180, what="second run's GPU step waiting for the slot")
         assert instance.get_run_by_id(second).status == DagsterRunStatus.STARTED  # never failed, never on CPU
-        assert "Step blocked by limit for pool gpu-default" in messages(instance, second)  # Dagster's own line
+        # Dagster's own line: its executor writes it just after it records the step's pending claim.
+        wait_for(lambda: "Step blocked by limit for pool gpu-default" in messages(instance, second), timeout=60,
+                 what="Dagster's line that the step is blocked by the pool")
 
         queue_pass()  # the pass that describes the wait on the run's page and in its tags
         run = instance.get_run_by_id(second)
@@ -130,12 +133,43 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         assert values and all(v.endswith("@3") for v in values)
 
 
+def holders(instance, pool: str = "gpu-default") -> list[str]:
+    return [s.run_id for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]
+
+
+def test_a_higher_priority_run_gets_the_freed_slot_first_and_the_other_run_is_told(tmp_path, monkeypatch, classes_dir):
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}) as (instance, workspace, queue_pass, open_gate):
+        holder = submit(workspace, "docs__slow")
+        queue_pass()
+        wait_for(lambda: holders(instance) == [holder], timeout=180, what="the first run holding the slot")
+        low = submit(workspace, "docs__slow")
+        queue_pass()
+        wait_for(lambda: pending(instance) == [low], timeout=180, what="the low-priority run's GPU step waiting")
+        high = submit(workspace, "docs__slow", tags={"dagster/priority": "5"})
+        queue_pass()
+        wait_for(lambda: sorted(pending(instance)) == sorted([low, high]), timeout=180,
+                 what="both later runs' GPU steps waiting")
+        queue_pass()
+        # Waiting since later, the higher priority is ahead, and the other run's page says so.
+        assert (f"position 2, behind run {high[:8]} step docs__slow, 2 step(s) of the class waiting"
+                in messages(instance, low)), messages(instance, low)
+        assert "first in line, 2 step(s) of the class waiting" in messages(instance, high)
+
+        open_gate(1)
+        wait_for(lambda: holders(instance) == [high], timeout=240, what="the freed slot going to the high-priority run")
+        assert pending(instance) == [low]
+        open_gate(2)
+        open_gate(3)
+        for run_id in (holder, high, low):
+            wait_for(lambda: instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS, timeout=240,
+                     what=f"run {run_id[:8]} done")
+
+
 def test_materialize_all_mixes_classes_and_only_gpu_steps_hold_slots(tmp_path, monkeypatch, classes_dir):
     with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}) as (instance, workspace, queue_pass, open_gate):
         holder = submit(workspace, "docs__slow")
         queue_pass()
-        wait_for(lambda: [s.run_id for s in instance.event_log_storage.get_concurrency_info("gpu-default").claimed_slots]
-                 == [holder], timeout=180,
+        wait_for(lambda: holders(instance) == [holder], timeout=180,
                  what="the holder's GPU step holding class default's slot")
         everything = submit(workspace, "docs__slow", "docs__reversed", "docs__size")
         assert instance.get_run_by_id(everything).tags["gpufn/gpu-class"] == "default,l4"

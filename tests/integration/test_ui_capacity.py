@@ -51,6 +51,8 @@ def _wait_shown(port: int, db_uri: str, driver) -> None:
     # And roughly when it starts: this instance has no finished run of the work yet, so "unknown", saying why.
     page = wait_for_text(driver, "Wait estimate: unknown (0 runs ahead on default, 1 GPU in the class; no finished "
                                  "run of docs__embedding", timeout=120)
+    # Dagster's own line, which its executor may write just after the coordinator's.
+    page = wait_for_text(driver, "Step blocked by limit for pool gpu-default", timeout=60)
     dismiss_dialog(driver)
     screenshot(driver, "run_waiting_for_gpu_capacity.png")
     flat = page.replace("\n", " ")
