@@ -72,7 +72,7 @@ def typical(durations: Sequence[float]) -> float | None:
 
 
 def _minutes(seconds: float) -> str:
-    """A rounded duration a person reads: "under a minute", "8 min", "about 2 h 10 min".
+    """A rounded duration a person reads: "under a minute", "8 min", "2 h 12 min".
 
     >>> _minutes(20), _minutes(480), _minutes(7900)
     ('under a minute', '8 min', '2 h 12 min')

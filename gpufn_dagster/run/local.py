@@ -129,11 +129,13 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         by_run: dict[str, list[StepWait]] = defaultdict(list)
         for wait in waits:
             by_run[wait.run_id].append(wait)
+        still_waiting: dict[str, DagsterRun] = {}
         for run_id, run_waits in by_run.items():
             run = self._instance.get_run_by_id(run_id)
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
-                self._report_run_waits(run, run_waits, waits, classes, now)
-        self._estimate(waits, classes, now)
+                if self._report_run_waits(run, run_waits, waits, classes, now):
+                    still_waiting[run_id] = run
+        self._estimate(waits, still_waiting, classes, now)
         waited = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
                                                     tags={CAPACITY_TAG: CapacityState.WAITING.value}))
         for run in waited:
@@ -145,27 +147,28 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                     f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
                     EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
 
-    def _estimate(self, waits: list[StepWait], classes: Mapping[str, GpuClass], now: float) -> None:
-        """A wait estimate on each run whose GPU step waits, from its place in its class's line and the
-        class's local slots (one GPU each)."""
-        lines: dict[str, list[DagsterRun]] = defaultdict(list)
+    def _estimate(self, waits: list[StepWait], runs: Mapping[str, DagsterRun], classes: Mapping[str, GpuClass],
+                  now: float) -> None:
+        """A wait estimate on each of `runs` (the started runs whose GPU steps still wait), from its
+        place in its class's line and the class's local slots (one GPU each)."""
+        lines: dict[str, dict[str, DagsterRun]] = defaultdict(dict)  # class -> its runs, first in line first
         for wait in sorted(waits, key=lambda w: w.position):
-            run = self._instance.get_run_by_id(wait.run_id)
-            if run is not None and run.status == DagsterRunStatus.STARTED and run not in lines[wait.gpu_class]:
-                lines[wait.gpu_class].append(run)
-        report_estimates(self._instance, lines, {name: c.local.slots for name, c in classes.items()}, now,
-                         self.__class__)
+            if wait.run_id in runs:
+                lines[wait.gpu_class].setdefault(wait.run_id, runs[wait.run_id])
+        report_estimates(self._instance, {name: list(line.values()) for name, line in lines.items()},
+                         {name: c.local.slots for name, c in classes.items()}, now, self.__class__)
 
     def _report_run_waits(self, run: DagsterRun, run_waits: list[StepWait], waits: list[StepWait],
-                          classes: Mapping[str, GpuClass], now: float) -> None:
+                          classes: Mapping[str, GpuClass], now: float) -> bool:
+        """Describe the run's waiting GPU steps on its page; False when it waited past max_wait and is ended."""
         for wait in run_waits:
             gpu_class = classes[wait.gpu_class]
             if past_max_wait(gpu_class, now - wait.since):
                 self._give_up(run, wait, gpu_class, now - wait.since)
-                return
+                return False
         digest = ";".join(w.digest for w in run_waits)
         if run.tags.get(CAPACITY_REPORTED_TAG) == digest:
-            return  # nothing new since the last report
+            return True  # nothing new since the last report
         self._instance.add_run_tags(run.run_id, {
             CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.LOCAL_SLOTS_IN_USE.value,
             WAITING_SINCE_TAG: time_tag(min(w.since for w in run_waits)), CAPACITY_REPORTED_TAG: digest})
@@ -179,6 +182,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                                  "Waiting since": time_tag(wait.since),
                                  "Slots held by": ", ".join(f"{r[:8]}/{s}" for r, s in wait.holders) or "-"}),
                 cls=self.__class__, step_key=wait.step_key)
+        return True
 
     def _give_up(self, run: DagsterRun, wait: StepWait, gpu_class: GpuClass, waited: float) -> None:
         """End a run whose GPU step waited past its class's max_wait (as on Kubernetes), saying why."""

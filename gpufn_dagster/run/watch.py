@@ -109,12 +109,6 @@ def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
 
 
-def _job_run(job: str | None) -> str:
-    """The run a Job belongs to, from its name (the launcher names run Jobs dagster-run-<run id>;
-    other Jobs in the queue are shown by their own name)."""
-    return (job or "?").removeprefix("dagster-run-")
-
-
 def _job_failure(job: Any) -> str | None:
     """The Job's Failed condition as "reason: message", None when it has not failed."""
     failed = next((c for c in job.status.conditions or [] if c.type == "Failed" and c.status == "True"), None)
@@ -188,21 +182,26 @@ class CapacityWatcher:
         positions = queue_positions({
             run_id: (gpu_class.name, waiting_since(run.tags, now))
             for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is CapacityState.WAITING})
-        line = sorted(positions, key=lambda r: (verdicts[r][1].name, positions[r][0]))
+        class_lines: dict[str, list[str]] = defaultdict(list)  # run ids waiting on each class, first in line first
+        for run_id in sorted(positions, key=lambda r: positions[r][0]):
+            class_lines[verdicts[run_id][1].name].append(run_id)
         for run_id, (run, gpu_class, count, verdict) in verdicts.items():
-            ahead = [r for r in line if verdicts[r][1].name == gpu_class.name
-                     and positions[r][0] < positions.get(run_id, (0, 0))[0]]
-            decision = decide(verdict, run.tags, gpu_class, count, positions.get(run_id), now, ahead=ahead)
+            place = positions.get(run_id)
+            ahead = class_lines[gpu_class.name][:place[0] - 1] if place else []
+            decision = decide(verdict, run.tags, gpu_class, count, place, now, ahead=ahead)
             report.count(gpu_class.name, decision)
             self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
-        kueue_line = sorted(((w.cluster_queue, kueue_positions[w.name][0], w.job) for w in workloads.values()
-                             if w.name in kueue_positions), key=lambda item: (str(item[0]), item[1]))
+        # Each ClusterQueue's line as runs (a Job's run from its label; a Job not ours by its name).
+        run_of_job = {(j.metadata.namespace, _name(j)): _run_id(j) for j in jobs}
+        queue_lines: dict[str | None, list[str]] = defaultdict(list)
+        for key, workload in sorted(((k, w) for k, w in workloads.items() if w.name in kueue_positions),
+                                    key=lambda item: kueue_positions[item[1].name][0]):
+            queue_lines[workload.cluster_queue].append(run_of_job.get(key) or workload.job)
         for run, gpu_class, workload, job in queued.values():
-            place = kueue_positions.get(workload.name, (0, 0))[0]
-            ahead = [_job_run(name) for queue, at, name in kueue_line if queue == workload.cluster_queue and at < place]
+            place = kueue_positions.get(workload.name)
+            ahead = list(dict.fromkeys(queue_lines[workload.cluster_queue][:place[0] - 1])) if place else []
             decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(GPU_COUNT_TAG, "1")),
-                              kueue_positions.get(workload.name), now, queue=f"in ClusterQueue {workload.cluster_queue}",
-                              ahead=ahead)
+                              place, now, queue=f"in ClusterQueue {workload.cluster_queue}", ahead=ahead)
             decision = replace(decision, tags={**decision.tags, KUEUE_TAG: workload.state}
                                if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)
             report.count(gpu_class.name, decision)
