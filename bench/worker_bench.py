@@ -43,7 +43,7 @@ def _vector():
     return pa.list_(pa.float32(), 384)
 
 
-def make_tables(base: Path, rows: int) -> None:
+def make_tables(base: Path, rows: int, big_rows: int) -> None:
     import lancedb
     import pyarrow as pa
 
@@ -54,9 +54,9 @@ def make_tables(base: Path, rows: int) -> None:
     wide = pa.table({"id": list(range(SLEEP_ROWS)),
                      "blob": [f"{i:08d}" * (WIDE_BYTES // 8) for i in range(SLEEP_ROWS)]})
     db.create_table("wide", wide)
-    big = db.create_table("big", sample_docs(100_000))
+    big = db.create_table("big", sample_docs(min(big_rows, 100_000)))
     block = big.to_arrow()
-    for _ in range(9):  # 1M rows
+    for _ in range(big_rows // len(block) - 1):  # 1M rows by default, in blocks of 100,000
         big.add(block)
 
 
@@ -77,7 +77,7 @@ def case_engine(base: Path, batch: int, adaptive: bool) -> dict:
 
     embedder = _embedder()
     function = make_function(embedder, table="docs", column=f"v_{time.time_ns()}", output_type=_vector(),
-                             batch_size=64 if adaptive else batch, adapt_batch_size=adaptive, gpu=True)
+                             **({} if adaptive else {"batch_size": batch}), adapt_batch_size=adaptive, gpu=True)
     result = refresh_column(lance.dataset(str(base / "docs.lance")).uri, function)
     device = "cuda" if _cuda() else "cpu"
     return {"seconds": result.wall_seconds - result.load_seconds, "load_seconds": result.load_seconds,
@@ -149,8 +149,8 @@ def case_first_row(base: Path, batch: int, adaptive: bool) -> dict:
             seen["first"], seen["rows"] = time.monotonic(), len(text)
             return values
 
-    function = make_function(Probe, table="big", column="v", output_type=_vector(), batch_size=batch,
-                             adapt_batch_size=adaptive, gpu=True)
+    function = make_function(Probe, table="big", column="v", output_type=_vector(),
+                             **({} if adaptive else {"batch_size": batch}), adapt_batch_size=adaptive, gpu=True)
     began = time.monotonic()
     try:
         refresh_column(lance.dataset(str(base / "big.lance")).uri, function)
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4000, help="rows of the MiniLM table")
     parser.add_argument("--batch", type=int, default=256, help="rows per call, engine and bare loop alike")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--big-rows", type=int, default=1_000_000, help="rows of the first-values table")
     parser.add_argument("--one")
     parser.add_argument("--base")
     args = parser.parse_args()
@@ -190,7 +191,7 @@ def main() -> None:
         print(json.dumps(CASES[args.one](Path(args.base), args)))
         return
     base = Path(tempfile.mkdtemp(prefix="gpufn-worker-bench-"))
-    make_tables(base, args.rows)
+    make_tables(base, args.rows, args.big_rows)
     pairs = [("engine", "bare"), ("engine_adaptive", "bare"), ("sleep_prefetch", "sleep_sequential"),
              ("first_row_probe", "first_row_1024")]
     results: dict[str, list[dict]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
-from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir
+from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
 from .asset_spec import reads
 from .errors import FunctionDefinitionError
 from .fanout_asset import fanout_asset
@@ -37,8 +37,8 @@ def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClas
     label = f"Function {function.name!r}"
     if function.gpu_class not in classes:
         raise FunctionDefinitionError(
-            f"{label}: field 'gpu_class': unknown GPU class {function.gpu_class!r}; "
-            f"classes in {directory}: {', '.join(sorted(classes))}")
+            f"{label}: field 'gpu_class': unknown GPU class {function.gpu_class!r}"
+            f"{suggestion(function.gpu_class, sorted(classes))}; classes in {directory}: {', '.join(sorted(classes))}")
     gpu_class = classes[function.gpu_class]
     if function.gpu_count > gpu_class.max_gpu_count_per_worker:
         raise FunctionDefinitionError(
@@ -151,7 +151,7 @@ def gpu_function(**options: Any) -> Callable[[Any], dg.AssetsDefinition]:
         ... def embed(text: pa.Array) -> pa.Array:
         ...     return pa.array([[float(len(t)), 0.0] for t in text.to_pylist()], pa.list_(pa.float32(), 2))
         >>> from gpufn_dagster import function_of
-        >>> embed.key.to_user_string(), embed.op.tags["gpufn/gpu-class"], function_of(embed).batch_size
+        >>> embed.key.to_user_string(), embed.op.tags["gpufn/gpu-class"], function_of(embed).max_batch_size
         ('docs__embedding', 'l4', 256)
     """
 

@@ -9,9 +9,11 @@ nothing is half-loaded.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -298,16 +300,83 @@ def resolve_classes_dir(classes_dir: ClassesDir = None) -> Path:
     return Path(classes_dir or os.environ.get(CLASSES_DIR_ENV) or "classes")
 
 
+def _field_names(model: type[BaseModel]) -> list[str]:
+    """The names a model's fields may be written as (their names and aliases)."""
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(name)
+        alias = info.validation_alias
+        names += [a for a in alias.choices if isinstance(a, str)] if isinstance(alias, AliasChoices) else []
+    return list(dict.fromkeys(names))
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose field an error location names (GpuClass, or a nested one such as Toleration)."""
+    model: Any = GpuClass
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if info is None:
+            return None
+        model = next((arg for arg in [info.annotation, *typing.get_args(info.annotation)]
+                      if isinstance(arg, type) and issubclass(arg, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def suggestion(word: str, choices: list[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, or '' when none is close.
+
+    >>> suggestion("gpu_memroy", ["gpu_model", "gpu_memory", "cpu"])
+    " (did you mean 'gpu_memory'?)"
+    >>> suggestion("zzz", ["gpu_model"])
+    ''
+    """
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _format_error(file: Path, class_name: str, err: ValidationError) -> list[str]:
     lines = []
     for item in err.errors():
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
-        lines.append(f"{file}: class {class_name!r}: field {loc or '(class)'!r}: {item['msg']}")
+        message = item["msg"]
+        if item["type"] == "extra_forbidden" and (model := _model_at(item["loc"])) is not None:
+            message = f"unknown field{suggestion(str(item['loc'][-1]), _field_names(model))}; fields: " \
+                      f"{', '.join(model.model_fields)}"
+        lines.append(f"{file}: class {class_name!r}: field {loc or '(class)'!r}: {message}")
     return lines
+
+
+class _HugeInteger:
+    """An integer literal with more digits than Python converts (sys.int_info's 4300): no class field
+    takes one, so loading keeps it as this marker and names its field instead of failing the file."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _huge_integers(value: Any, path: str = "") -> list[tuple[str, int]]:
+    """(field path, digits) of every `_HugeInteger` in the parsed YAML."""
+    if isinstance(value, _HugeInteger):
+        return [(path or "(class)", value.digits)]
+    if isinstance(value, dict):
+        return [hit for key, item in value.items() for hit in _huge_integers(item, f"{path}.{key}" if path else str(key))]
+    if isinstance(value, list):
+        return [hit for i, item in enumerate(value) for hit in _huge_integers(item, f"{path}[{i}]")]
+    return []
 
 
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing alias expansion and nesting past small bounds."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # more digits than Python converts to an int
+            return _HugeInteger(sum(c.isdigit() for c in node.value))
 
     def __init__(self, stream: str):
         super().__init__(stream)
@@ -326,6 +395,9 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def class_files(classes_dir: Path) -> list[Path]:
@@ -356,7 +428,7 @@ def _read(file: Path) -> tuple[Any, str | None]:
             loader.dispose()
     except yaml.YAMLError as err:
         return None, f"not valid YAML: {err}"
-    except (ValueError, RecursionError, OverflowError) as err:  # e.g. an integer of thousands of digits
+    except (ValueError, RecursionError, OverflowError) as err:
         return None, f"not valid YAML: {str(err)[:200]}"
 
 
@@ -385,6 +457,10 @@ def load_gpu_classes(classes_dir: ClassesDir = None) -> dict[str, GpuClass]:
             problems.append(f"{file}: expected one class as a mapping of fields, got {type(raw).__name__}")
             continue
         class_name = _name_of(raw, file)
+        if huge := _huge_integers(raw):
+            problems.extend(f"{file}: class {class_name!r}: field {path!r}: an integer of {digits:,} digits, larger "
+                            "than any value a class field takes" for path, digits in huge)
+            continue
         try:
             gpu_class = GpuClass.model_validate(raw)
         except ValidationError as err:

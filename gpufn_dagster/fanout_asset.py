@@ -66,10 +66,10 @@ def _plan_op(function: Function, gpu_class: GpuClass | None, upstream: int) -> d
         context.log.info(
             f"{function.name}: {planned.rows:,} rows to check in {planned.fragments} fragments at table version "
             f"{planned.read_version}, split into {len(planned.shards)} shard(s) of "
-            f"{', '.join(f'{s.rows:,}' for s in planned.shards) or 'no'} rows (workers asked {workers}"
-            + (f", GPU budget {planned.gpu_budget} allows {planned.workers}" if planned.gpu_budget else "")
+            f"{', '.join(f'{s.rows:,}' for s in planned.shards) or 'no'} rows (workers asked {workers}, used "
+            f"{len(planned.shards)}" + (f": fewer because {planned.fewer_because}" if planned.fewer_because else "")
             + f"; planned in {planned.plan_seconds:.2f}s)")
-        yield dg.Output(planned, "plan")
+        yield dg.Output(planned, "plan", metadata={k: v for k, v in planned.summary().items() if v is not None})
         for shard in planned.shards:
             yield dg.DynamicOutput(shard, output_name="shards", mapping_key=shard.mapping_key)
 

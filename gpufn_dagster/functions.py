@@ -31,6 +31,7 @@ from .options import ErrorPolicy, FunctionOptions, document_options
 # across schemes.
 STORAGE_FORMAT = 2
 MAX_BATCH_SIZE = 4096  # the default ceiling of adapting calls: a GPU is full long before, memory stays small
+PROBE_ROWS = 64  # the first call's rows when nothing says less: first values and errors within seconds
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PY_TO_ARROW: dict[Any, pa.DataType] = {
     int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(), bytes: pa.binary(),
@@ -205,11 +206,11 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
             raise FunctionDefinitionError(f"{label}: field 'column'/'table': {name!r} is not a plain identifier")
     if options.on_error not in ("fail", "skip"):
         raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {options.on_error!r}")
-    if options.batch_size < 1:
+    if options.batch_size is not None and options.batch_size < 1:
         raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
-    if options.max_batch_size is not None and options.max_batch_size < options.batch_size:
+    if options.max_batch_size is not None and options.max_batch_size < (options.batch_size or 1):
         raise FunctionDefinitionError(
-            f"{label}: field 'max_batch_size': must be at least batch_size ({options.batch_size}), "
+            f"{label}: field 'max_batch_size': must be at least batch_size ({options.batch_size or 1}), "
             f"got {options.max_batch_size}")
     if options.gpu_count < 0:
         raise FunctionDefinitionError(f"{label}: field 'gpu_count': must not be negative")
@@ -221,6 +222,27 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
     if options.max_gpus is not None and options.max_gpus < max(options.gpu_count, 1):
         raise FunctionDefinitionError(f"{label}: field 'max_gpus': must be at least gpu_count "
                                       f"({max(options.gpu_count, 1)}), got {options.max_gpus}")
+
+
+def _call_sizes(options: FunctionOptions) -> tuple[int, int]:
+    """(rows of the first call, most rows of any call) from batch_size and max_batch_size.
+
+    An explicit `batch_size` alone is a ceiling, as in lancedb and Geneva (the most the model, device
+    or API takes): the probe starts at or below it and calls never exceed it. With `max_batch_size`
+    too, `batch_size` is only the probe.
+
+    >>> opts = lambda **o: FunctionOptions(table="t", column="c", **o)
+    >>> _call_sizes(opts()), _call_sizes(opts(batch_size=16)), _call_sizes(opts(batch_size=256))
+    ((64, 4096), (16, 16), (64, 256))
+    >>> _call_sizes(opts(batch_size=16, max_batch_size=512)), _call_sizes(opts(batch_size=256, adapt_batch_size=False))
+    ((16, 512), (256, 256))
+    """
+    if options.batch_size is None:
+        return min(PROBE_ROWS, options.max_batch_size or PROBE_ROWS), options.max_batch_size or MAX_BATCH_SIZE
+    if options.max_batch_size is not None:
+        return options.batch_size, options.max_batch_size
+    first = options.batch_size if not options.adapt_batch_size else min(PROBE_ROWS, options.batch_size)
+    return first, options.batch_size
 
 
 def _call_style(label: str, params: list[inspect.Parameter], annotations: list[Any],
@@ -305,6 +327,7 @@ def make_function(target: Any, **options: Any) -> Function:
         raise FunctionDefinitionError(
             f"{label}: field 'column': {', '.join(map(repr, own))} is also an input of the Function; a Function "
             "cannot write the column it reads")
+    first_call, most_rows = _call_sizes(opts)
     init = dict(opts.init or {})
     if is_class:
         _check_parameters(label, _init_signature(original), list(init), field_name="init")
@@ -321,14 +344,14 @@ def make_function(target: Any, **options: Any) -> Function:
         gpu=gpu,
         gpu_class=opts.gpu_class or DEFAULT_CLASS,
         gpu_count=opts.gpu_count if gpu else 0,
-        batch_size=opts.batch_size,
+        batch_size=first_call,
         on_error=opts.on_error,
         version=_version(original, opts, inputs, columns, output_type, init),
         source_asset=opts.source_asset or opts.table,
         description=opts.description or inspect.getdoc(original),
         group_name=opts.group_name,
         checkpoint_seconds=opts.checkpoint_seconds,
-        max_batch_size=opts.max_batch_size or max(MAX_BATCH_SIZE, opts.batch_size),
+        max_batch_size=most_rows,
         adapt_batch_size=opts.adapt_batch_size,
         workers=opts.workers,
         max_gpus=opts.max_gpus,

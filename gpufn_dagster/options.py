@@ -53,11 +53,13 @@ class FunctionOptions(dg.Resolvable):
     gpu_class: Annotated[str | None, _described(
         "The GPU class it runs on (default: 'default' for a GPU Function; none makes it a CPU Function).")] = None
     gpu_count: Annotated[int, _described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
-    batch_size: Annotated[int, _described(
-        "Rows of the first call (a small probe, so first values and errors show within seconds); later calls "
-        "adapt toward 1 s each, at most 4x per step, up to max_batch_size.")] = 64
+    batch_size: Annotated[int | None, _described(
+        "The most rows one call takes (what the model, device or API accepts): calls start with a small probe "
+        "(64 rows, or batch_size when smaller) so first values and errors show within seconds, then adapt "
+        "toward 1 s each, never above batch_size. Unset: probe 64 rows, grow up to max_batch_size.")] = None
     max_batch_size: Annotated[int | None, _described(
-        "The most rows one call may take as batches adapt (default 4096, or batch_size when larger).")] = None
+        "Grow past batch_size: with it, batch_size is only the first call's rows and calls adapt up to this "
+        "(default 4096 when batch_size is unset).")] = None
     adapt_batch_size: Annotated[bool, _described(
         "Whether calls adapt; false pins every call at batch_size (still split when out of device memory).")] = True
     on_error: Annotated[ErrorPolicy, _described(
@@ -76,7 +78,7 @@ class FunctionOptions(dg.Resolvable):
     workers: Annotated[int, _described(
         "GPU workers one refresh spreads over: the stale rows are split into this many shards balanced by rows, "
         "each computed by its own step (its own pod on Kubernetes, its own local slot embedded), and committed "
-        "once. The Launchpad's run config can set it per run (ops: <name>: ops: plan: config: workers).")] = 1
+        "once. The Launchpad's run config can set it per run (ops: <name>: ops: <name>_plan: config: workers).")] = 1
     max_gpus: Annotated[int | None, _described(
         "The most GPUs one refresh may hold at once (workers x gpu_count); fewer workers start when it is "
         "lower. The class's max_gpus_per_refresh caps it too.")] = None

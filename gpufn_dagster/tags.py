@@ -20,7 +20,7 @@ PREFIX = "gpufn/"
 # On Function assets and their ops (and on runs, once the launcher has read them from the plan).
 GPU_CLASS_TAG = PREFIX + "gpu-class"
 GPU_COUNT_TAG = PREFIX + "gpu-count"
-# On runs: how the launcher placed the run (`PlacementKind`, or "rejected").
+# On runs: how the launcher placed the run (`run.shared.RunKind`, or "rejected").
 PLACEMENT_TAG = PREFIX + "placement"
 # On the shard op of a refresh spread over several workers: each shard is a step with its own GPU worker.
 SHARD_TAG = PREFIX + "shard"

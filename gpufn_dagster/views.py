@@ -59,21 +59,28 @@ def materialized_view_asset(
         if source not in db.list_tables().tables:
             raise TableNotFound(f"view {name!r}: source table {source!r} does not exist in {lancedb.uri}")
         started = time.monotonic()
+        created: int | None = None  # rows lancedb wrote when it created the view (its first build)
         if name in db.list_materialized_views():
             view = db.open_materialized_view(name)
         else:
             context.log.info(f"creating materialized view {name!r} over {source!r}")
             view = db.create_materialized_view(name, source, select=select, where=where)
+            created = db.open_table(name).count_rows()
         version_before = db.open_table(name).version
         result = view.refresh()
         carried = carry_over(lancedb.table_files(name), version_before) if str(result.mode) == "rebuild" else 0
         wall = time.monotonic() - started
-        context.log.info(f"view {name!r}: {result.mode} refresh wrote {result.rows_written:,} rows "
-                         f"from source version {result.source_version} in {wall:.2f}s"
+        rows_written = (created or 0) + result.rows_written
+        if created is not None:
+            what = f"created with {created:,} rows" + (
+                f", then a {result.mode} refresh wrote {result.rows_written:,}" if result.rows_written else "")
+        else:
+            what = f"{result.mode} refresh wrote {rows_written:,} rows"
+        context.log.info(f"view {name!r}: {what} from source version {result.source_version} in {wall:.2f}s"
                          + (f"; kept the Function values of {carried:,} rows" if carried else ""))
         return dg.MaterializeResult(metadata={
-            "refresh_mode": str(result.mode),
-            "rows_written": result.rows_written,
+            "refresh_mode": "create" if created is not None else str(result.mode),
+            "rows_written": rows_written,
             "source_version": result.source_version,
             "view_version": result.version,
             "function_rows_kept": carried,

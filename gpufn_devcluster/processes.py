@@ -1,6 +1,13 @@
-"""Server processes the test harness starts (control plane, object store): on free ports, each in
-its own session with a parent-death signal, so nothing outlives the Python process that started
-it, even when that process is killed."""
+"""Server processes the test harness starts (control plane, object store, `dagster dev`, `gpufn
+serve`): on free ports, each in its own session with a parent-death signal and default signal
+handling, stopped by process group with a deadline and then SIGKILL, so nothing outlives the
+Python process that started it, even when that process is killed.
+
+Default handling matters: a process started from a shell's background job inherits an ignored
+SIGINT, and Dagster maps SIGTERM to whatever SIGINT does, so such a `dagster dev` ignores both.
+Every process group started here is remembered; `survivors()` names those still alive (the
+suite's session-end check).
+"""
 
 from __future__ import annotations
 
@@ -27,33 +34,88 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+_STARTED: dict[int, str] = {}  # process group -> the command that started it, for every start() here
+
+
+def _child_setup() -> None:
+    """In the child, before exec: SIGINT and SIGTERM handled by default (not inherited as ignored),
+    and SIGKILL when the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def spawn(binary: Path, args: list[str], log: Path, cwd: Path) -> subprocess.Popen:
-    """Start `binary args...` with its output in `log`."""
-    with open(log, "wb") as out, warnings.catch_warnings():
-        # preexec_fn forces fork(); lance/lancedb warn about forking, but the child only execs a binary.
+def start(args: list[str], *, log: Path | None = None, cwd: Path | None = None,
+          env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """Start `args` as a server in a process group of its own, output to `log` (else discarded)."""
+    with open(log or os.devnull, "wb") as out, warnings.catch_warnings():
+        # preexec_fn forces fork(); lance/lancedb warn about forking, but the child only execs.
         warnings.simplefilter("ignore", RuntimeWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent, cwd=cwd)
+        process = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup,
+                                   cwd=cwd, env=None if env is None else dict(env))
+    _STARTED[process.pid] = " ".join(str(a) for a in args)[:200]
+    return process
+
+
+def spawn(binary: Path, args: list[str], log: Path, cwd: Path) -> subprocess.Popen:
+    """Start `binary args...` with its output in `log`."""
+    return start([str(binary), *args], log=log, cwd=cwd)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
 
 
 def stop_all(processes: Mapping[str, subprocess.Popen], grace: float = 10.0) -> None:
-    """SIGTERM every process (last started first), SIGKILL what has not exited after `grace` s."""
-    for process in reversed(list(processes.values())):
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
+    """SIGTERM every process group (last started first), SIGKILL what is still there after `grace` s:
+    the leader and anything it started in its group, even once the leader itself has exited."""
+    started = list(processes.values())
+    for process in reversed(started):
+        _signal_group(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    for process in processes.values():
+    for process in started:
         try:
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            pass
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(process.pid) or process.poll() is None:
+            _signal_group(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def stop(process: subprocess.Popen, grace: float = 30.0) -> None:
+    """Stop one process started by `start`, by its process group, SIGKILL after `grace` s."""
+    stop_all({"process": process}, grace)
+
+
+def survivors() -> list[str]:
+    """The commands of process groups started here that still have a live member."""
+    return [f"pgid {group}: {command}" for group, command in _STARTED.items() if _group_alive(group)]
+
+
+def kill_survivors() -> None:
+    """SIGKILL every process group started here that is still alive."""
+    for group in list(_STARTED):
+        if _group_alive(group):
+            _signal_group(group, signal.SIGKILL)
 
 
 def log_tail(log: Path, lines: int = 30) -> str:

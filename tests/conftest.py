@@ -57,6 +57,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     say(f"control plane: binaries in {lines[-1]} ({time.monotonic() - started:.0f} s)")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the suite when a server or cluster process a test started is still alive at the end (and
+    kill it): a helper that lets one outlive its test leaves a machine with strays running."""
+    from gpufn_devcluster.processes import kill_survivors, survivors
+
+    alive = survivors()
+    if alive:
+        kill_survivors()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        (reporter.write_line if reporter else print)(
+            "\nprocesses started by the suite were still alive at its end (killed now):\n  " + "\n  ".join(alive))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(autouse=True)
 def _no_defs_state_storage_left_behind() -> Iterator[None]:
     """A test that leaves a Dagster instance unclosed leaves its defs-state storage as the current

@@ -39,7 +39,7 @@ from .lease import ColumnLease
 from .leftovers import WrittenFiles
 from .plan import FragmentWork, plan_fragments
 from .progress import Progress, Ticker
-from .shards import Piece, Shard, split_work, workers_within_budget
+from .shards import Piece, Shard, split_work, why_fewer_shards, workers_within_budget
 from .signature import check_input_types
 from .state import load_state
 from .upstream import check_upstream
@@ -62,10 +62,12 @@ class RefreshPlan:
     rows: int  # estimated rows to compute (live rows of visited fragments)
     fragments: int  # fragments visited
     plan_seconds: float
+    fewer_because: str = ""  # why fewer shards than asked ('' when as many)
 
     def summary(self) -> dict[str, Any]:
         """The plan as the run's metadata shows it."""
-        return {"workers_asked": self.workers_asked, "workers": len(self.shards), "gpu_budget": self.gpu_budget,
+        return {"workers_asked": self.workers_asked, "workers": len(self.shards),
+                "fewer_workers_because": self.fewer_because or "-", "gpu_budget": self.gpu_budget,
                 "gpus_held_at_most": self.gpus, "rows_planned": self.rows, "plan_seconds": round(self.plan_seconds, 3),
                 "fragments_planned": self.fragments, "read_version": self.read_version}
 
@@ -143,10 +145,11 @@ def plan_refresh(
         allowed = workers_within_budget(workers, function.gpu_count, *budgets)
         shards = tuple(split_work(work, allowed))
     budget = min((b for b in budgets if b is not None), default=None)
+    rows = sum(w.live_rows for w in work)
     return RefreshPlan(read_version=dataset.version, shards=shards, workers_asked=workers, workers=allowed,
-                       gpu_budget=budget, gpus=len(shards) * function.gpu_count,
-                       rows=sum(w.live_rows for w in work), fragments=len(work),
-                       plan_seconds=time.monotonic() - started)
+                       gpu_budget=budget, gpus=len(shards) * function.gpu_count, rows=rows, fragments=len(work),
+                       plan_seconds=time.monotonic() - started,
+                       fewer_because=why_fewer_shards(workers, allowed, len(shards), rows, budget, function.gpu_count))
 
 
 def compute_shard(

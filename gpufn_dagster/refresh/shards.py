@@ -43,7 +43,10 @@ class Shard:
         return f"shard_{self.index}"
 
 
-def split_work(work: list[FragmentWork], workers: int, min_rows: int = 1024) -> list[Shard]:
+MIN_SHARD_ROWS = 1024  # a shard computes at least this many (estimated) rows, or it is mostly overhead
+
+
+def split_work(work: list[FragmentWork], workers: int, min_rows: int = MIN_SHARD_ROWS) -> list[Shard]:
     """At most `workers` shards with about equal rows to compute, covering every visited fragment once.
 
     >>> from gpufn_dagster.refresh.plan import FragmentWork
@@ -98,3 +101,29 @@ def workers_within_budget(workers: int, gpu_count: int, *budgets: int | None) ->
         if budget is not None:
             workers = min(workers, max(1, budget // gpu_count))
     return workers
+
+
+def why_fewer_shards(asked: int, allowed: int, used: int, rows: int, budget: int | None = None,
+                     gpu_count: int = 1, min_rows: int = MIN_SHARD_ROWS) -> str:
+    """Why a refresh that asked for `asked` workers uses `used` shards ('' when it uses them all).
+
+    `allowed` is what the GPU budget `budget` leaves; `rows` the rows planned.
+
+    >>> why_fewer_shards(8, 8, 1, 500)
+    'only 500 rows to compute, and a shard takes at least 1,024 rows'
+    >>> why_fewer_shards(8, 3, 3, 100_000, budget=6, gpu_count=2)
+    'the GPU budget of 6 GPUs allows 3 workers of 2 GPUs'
+    >>> why_fewer_shards(8, 8, 0, 0), why_fewer_shards(4, 4, 4, 10_000)
+    ('no row to compute', '')
+    """
+    if used >= asked:
+        return ""
+    if used == 0:
+        return "no row to compute"
+    reasons = []
+    if allowed < asked:
+        reasons.append(f"the GPU budget of {budget} GPUs allows {allowed} worker{'s' if allowed != 1 else ''} of "
+                       f"{gpu_count} GPU{'s' if gpu_count != 1 else ''}")
+    if used < allowed:
+        reasons.append(f"only {rows:,} rows to compute, and a shard takes at least {min_rows:,} rows")
+    return "; ".join(reasons)

@@ -30,7 +30,7 @@ _STATUS_MEANING = {
     400: "the API server refused the Job as malformed",
     401: "the launcher's credentials were not accepted",
     403: "the launcher's service account may not create Jobs in this namespace",
-    404: "the namespace does not exist",
+    404: "it was not found",  # the API's own message says what: the namespace, the Job, ...
     409: "a Job with this run's name already exists (this run was launched before)",
     422: "the API server refused a field of the Job",
 }

@@ -122,6 +122,23 @@ def _camel(toleration: Mapping[str, Any]) -> dict[str, Any]:
     return {("tolerationSeconds" if k == "toleration_seconds" else k): v for k, v in toleration.items()}
 
 
+_BEYOND_MAXIMUM = re.compile(r">\s*maximum capacity")
+
+
+def exceeds_maximum_capacity(message: str) -> bool:
+    """Whether Kueue's pending message says the request is more than the ClusterQueue can ever hold
+    (its nominal quota plus what it may borrow), so waiting cannot help.
+
+    >>> exceeds_maximum_capacity("couldn't assign flavors to pod set main: insufficient quota for "
+    ...                          "nvidia.com/gpu in flavor l4, request > maximum capacity (0)")
+    True
+    >>> exceeds_maximum_capacity("couldn't assign flavors to pod set main: insufficient unused quota for "
+    ...                          "nvidia.com/gpu in flavor l4, 1 more needed")
+    False
+    """
+    return bool(_BEYOND_MAXIMUM.search(message))
+
+
 @dataclass(frozen=True)
 class WorkloadStatus:
     """What Kueue says of one Workload: `state` is one of pending, admitted, evicted, preempted,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..classes import GpuClass
+from ..classes import GpuClass, suggestion
 from ..errors import PlacementError
 from ..k8s_syntax import parse_quantity
 from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG
@@ -72,7 +72,8 @@ def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClas
             "each class's Functions in its own run")
     (name, count), = requests.items()
     if name not in classes:
-        raise PlacementError(f"unknown GPU class {name!r}; configured classes: {', '.join(sorted(classes))}")
+        raise PlacementError(f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; configured classes: "
+                             f"{', '.join(sorted(classes))}")
     gpu_class = classes[name]
     if count > gpu_class.max_gpu_count_per_worker:
         raise PlacementError(f"{count} GPUs requested of class {name!r}, whose max_gpu_count_per_worker is "

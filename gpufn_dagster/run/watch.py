@@ -338,14 +338,21 @@ class CapacityWatcher:
             report.failed_runs.append(run.run_id)
 
     def _delete_job(self, name: str, namespace: str, report: TickReport) -> None:
-        self._call(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+        """Delete a Job; one already gone (terminate deleted it first) counts as deleted."""
+        try:
+            self._call(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+        except API_ERRORS as err:
+            if answered_status(err) != 404:
+                raise
         report.deleted_jobs.append(name)
 
     def _delete_orphans(self, jobs: list[Any], report: TickReport) -> None:
         """Delete the Job of every GPU run that ended while its pod still waited or ran, or while Kueue
         still kept it suspended."""
         # A Job Kueue keeps suspended has no active pod but still holds its place in the queue.
-        active = [j for j in jobs if ((j.status.active or 0) > 0 or j.spec.suspend) and _run_id(j)]
+        # A Job already being deleted (terminate got there first) is left to that deletion.
+        active = [j for j in jobs if ((j.status.active or 0) > 0 or j.spec.suspend) and _run_id(j)
+                  and not j.metadata.deletion_timestamp]
         if not active:
             return
         runs = {r.run_id: r for r in self.instance.get_runs(RunsFilter(run_ids=[_run_id(j) for j in active]))}
@@ -359,7 +366,15 @@ class CapacityWatcher:
 
 
 def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
-    """A waiting Workload as a capacity verdict: Kueue's words verbatim, and whether it was preempted."""
+    """A waiting Workload as a capacity verdict: Kueue's words verbatim, and whether it was preempted.
+
+    A request larger than the ClusterQueue's maximum capacity (its quota plus all it may borrow)
+    can never be admitted: that never fits, as a class whose nodes can never hold it.
+    """
+    if workload.state == "pending" and kueue.exceeds_maximum_capacity(workload.message):
+        return Verdict(CapacityState.NEVER_FITS, CapacityReason.NEVER_FITS.value,
+                       f"ClusterQueue {workload.cluster_queue} can never admit it; Kueue says: {workload.describe()}",
+                       source="Kueue")
     reason = {"preempted": CapacityReason.KUEUE_PREEMPTED, "evicted": CapacityReason.KUEUE_EVICTED}.get(
         workload.state, CapacityReason.KUEUE_PENDING)
     source = {"preempted": "Kueue preempted it (it waits to be admitted again; its code did not fail)",

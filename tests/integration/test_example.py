@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 
 from gpufn_dagster import function_of
+from gpufn_devcluster import processes
 
 from ..conftest import REPO
 
@@ -78,9 +77,8 @@ def test_dagster_dev_serves_the_example_and_runs_materialize(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "GPUFN_LANCEDB_URI": str(tmp_path / "lancedb")}
     (tmp_path / "home").mkdir()
-    process = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
-                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = processes.start([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
+                              cwd=REPO, env=env, log=tmp_path / "dagster-dev.log")
     try:
         # Generous deadlines: they guard against hangs on a loaded 2-core machine, they time nothing.
         deadline = time.monotonic() + 240
@@ -113,9 +111,4 @@ def test_dagster_dev_serves_the_example_and_runs_materialize(tmp_path):
         docs = lancedb.connect(str(tmp_path / "lancedb")).open_table("docs")
         assert docs.count_rows("word_count IS NULL") == 0
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # a slow graceful shutdown on a loaded machine is not the test
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        processes.stop(process, grace=60)  # a slow graceful shutdown on a loaded machine is not the test

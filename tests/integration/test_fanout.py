@@ -219,3 +219,28 @@ def test_a_fanned_out_function_reading_another_functions_column_runs_after_it(db
     shard_steps = {e.step_key for e in again.all_events if e.event_type_value == "STEP_START" and "_shard[" in e.step_key}
     metadata = [{k: v.value for k, v in m.materialization.metadata.items()} for m in again.get_asset_materialization_events()]
     assert again.success and shard_steps == set() and [m["rows_computed"] for m in metadata] == [0, 0]
+
+
+def test_fewer_shards_than_workers_asked_are_explained_in_the_plan_and_the_materialization(db_uri):
+    import dagster as dg
+
+    from gpufn_dagster import build_definitions, gpu_function
+
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(500)),
+                                                            "text": [f"doc {i}" for i in range(500)]}))
+
+    @gpu_function(table="docs", column="shout", workers=8, gpu_class="default")
+    def shout(text: str) -> str:
+        return text.upper()
+
+    defs = build_definitions(assets=[shout], db_uri=db_uri)
+    result = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    meta = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert (meta["workers_asked"], meta["workers"]) == (8, 1)
+    assert meta["fewer_workers_because"] == "only 500 rows to compute, and a shard takes at least 1,024 rows"
+    plan = next(e for e in result.all_events if e.event_type_value == "STEP_OUTPUT" and e.step_key.endswith("_plan")
+                and e.event_specific_data.step_output_handle.output_name == "plan")
+    said = {k: v.value for k, v in plan.event_specific_data.metadata.items()}
+    assert (said["workers_asked"], said["workers"]) == (8, 1) and "only 500 rows" in said["fewer_workers_because"]

@@ -128,7 +128,7 @@ def test_unknown_class_lists_valid_classes():
     with pytest.raises(FunctionDefinitionError) as err:
         gpu_function(table="items", column="y", gpu_class="a100-40gb")(lambda_free_double)
     message = str(err.value)
-    assert "field 'gpu_class': unknown GPU class 'a100-40gb'" in message
+    assert "field 'gpu_class': unknown GPU class 'a100-40gb' (did you mean 'a100-80gb'?)" in message
     assert "a100-80gb, a100-mig-1g-10gb, default, h100-80gb, l4" in message
 
 

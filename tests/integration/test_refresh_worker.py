@@ -162,6 +162,29 @@ def test_batches_grow_from_the_probe_toward_the_target_and_a_pinned_size_stays(d
     assert sum(sizes) == 3000
 
 
+def test_an_explicit_batch_size_is_the_most_rows_any_call_takes(db_uri):
+    """Users set batch_size to what their model, device or API accepts: the probe starts at or below it
+    and adapting never goes past it, however fast the calls are."""
+    make_docs(db_uri, 2000)
+    sizes: list[int] = []
+
+    def fast(text: pa.Array) -> pa.Array:
+        sizes.append(len(text))
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    for column, batch_size in (("small", 16), ("large", 300)):
+        sizes.clear()
+        result = refresh_column(uri_of(db_uri), make_function(fast, table="docs", column=column,
+                                                              output_type=pa.string(), batch_size=batch_size))
+        assert result.rows_computed == 2000 and sum(sizes) == 2000
+        assert max(sizes) == batch_size == result.batch_rows_largest, sizes  # reached, never exceeded
+        assert sizes[0] == min(batch_size, 64)
+    sizes.clear()
+    unset = make_function(fast, table="docs", column="unset", output_type=pa.string())
+    refresh_column(uri_of(db_uri), unset)
+    assert sizes[0] == 64 and max(sizes) > 64  # without it: the probe grows as before
+
+
 def test_a_failing_fragment_stops_the_others_instead_of_computing_on(db_uri):
     uri = _fragmented_docs(db_uri, "docs", rows_each=300)
     computed: list[str] = []

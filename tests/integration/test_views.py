@@ -41,6 +41,7 @@ def test_view_refreshes_incrementally(db_uri):
     view = materialized_view_asset("src_fr", source="src", select=["id", "text"], where="lang = 'fr'")
     (meta,) = materialize(db_uri, [view])
     assert meta["dagster/row_count"] == 50
+    assert (meta["refresh_mode"], meta["rows_written"]) == ("create", 50)  # the first build wrote them all
     add_rows(db_uri, 100, 10)
     lancedb.connect(db_uri).open_table("src").delete("id = 1")
     (meta,) = materialize(db_uri, [view])

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from gpufn_devcluster import processes
 
 from ..conftest import REPO
 
@@ -42,9 +42,8 @@ def dagster_dev(tmp_path: Path, target: list[str], env: dict[str, str]) -> Itera
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(REPO / "deploy" / "dagster-embedded.yaml", home / "dagster.yaml")
-    process = subprocess.Popen([sys.executable, "-m", "dagster", "dev", *target, "-p", str(port)], cwd=REPO,
-                               env={**os.environ, **env, "DAGSTER_HOME": str(home)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = processes.start([sys.executable, "-m", "dagster", "dev", *target, "-p", str(port)], cwd=REPO,
+                              env={**os.environ, **env, "DAGSTER_HOME": str(home)}, log=tmp_path / "dagster-dev.log")
     try:
         deadline = time.monotonic() + 240  # generous: a loaded 2-core machine starts dagster dev slowly
         while time.monotonic() < deadline:
@@ -55,11 +54,7 @@ def dagster_dev(tmp_path: Path, target: list[str], env: dict[str, str]) -> Itera
                 time.sleep(1)
         yield port
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        processes.stop(process, grace=30)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import yaml
 
 from gpufn_dagster import GpuClassError, list_gpu_classes, load_gpu_classes
 from gpufn_dagster.classes import cached_gpu_classes
+from gpufn_devcluster import processes
 
 from ..conftest import CLASSES
 
@@ -48,7 +49,11 @@ def write(directory: Path, file_stem: str, **fields) -> Path:
 @pytest.mark.parametrize(("fields", "field", "words"), [
     ({"gpu_memory": "-8GiB"}, "gpu_memory", "must not be negative"),
     ({"gpu_memory": 0}, "gpu_memory", "greater than 0"),
-    ({"colour": "blue"}, "colour", "Extra inputs"),
+    ({"colour": "blue"}, "colour", "unknown field; fields: name, resource_name"),
+    ({"gpu_memroy": "8GiB"}, "gpu_memroy", "unknown field (did you mean 'gpu_memory'?)"),
+    ({"tolerations": [{"key": "k", "operator": "Exists", "efect": "NoSchedule"}]}, "tolerations[0].efect",
+     "unknown field (did you mean 'effect'?); fields: key, operator, value, effect"),
+    ({"local": {"slot": 2}}, "local.slot", "unknown field (did you mean 'slots'?)"),
     ({"tolerations": [{"key": "k", "operator": "Exists", "effect": "NoScheduel"}]}, "tolerations[0].effect",
      "NoSchedule"),
     ({"max_gpu_count_per_worker": 0}, "max_gpu_count_per_worker", "greater than or equal to 1"),
@@ -109,8 +114,7 @@ def api_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = subprocess.Popen([*GPUFN, "serve", "--port", str(port), "--dir", str(CLASSES), "--token", "s3cret"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = processes.start([*GPUFN, "serve", "--port", str(port), "--dir", str(CLASSES), "--token", "s3cret"])
     url = f"http://127.0.0.1:{port}/v1/gpu/classes"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -120,9 +124,10 @@ def api_server():
             break  # up (401 without a token)
         except OSError:
             time.sleep(0.2)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    try:
+        yield url
+    finally:
+        processes.stop(process, grace=10)
 
 
 def test_http_api_lists_classes_with_bearer_token(api_server):

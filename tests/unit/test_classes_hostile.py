@@ -132,7 +132,9 @@ def test_whole_file_problems_are_named(tmp_path, label, words):
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
-    ("gpu_memory", "9" * 5000, "not valid YAML"),
+    ("gpu_memory", "9" * 5000, "class 'fuzz': field 'gpu_memory': an integer of 5,000 digits, larger than any value"),
+    ("tolerations", "[{key: k, operator: Exists, effect: NoExecute, toleration_seconds: " + "9" * 5000 + "}]",
+     "field 'tolerations[0].toleration_seconds': an integer of 5,000 digits"),
     ("max_wait", "99999999999999d", "longer than a duration can be"),
     ("price_per_gpu_hour", ".inf", "finite number"),
     ("gpu_memory", "1e999999999999", "gpu_memory"),
@@ -146,6 +148,7 @@ def test_out_of_range_numbers_are_refused_at_load(tmp_path, field, value, words)
     with pytest.raises(GpuClassError, match="fuzz.yaml") as err:
         load_gpu_classes(tmp_path / "c")
     assert words in str(err.value)
+    assert "sys." not in str(err.value)  # no advice about Python's internals
 
 
 def test_an_editors_lock_file_is_not_a_class(tmp_path):

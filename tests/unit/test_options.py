@@ -33,7 +33,7 @@ def test_defaults_agree_between_python_and_yaml():
     signature = inspect.signature(gpu_function).parameters
     assert {n: signature[n].default for n in OPTIONS if defaults[n] is not dataclasses.MISSING} == \
            {n: d for n, d in defaults.items() if d is not dataclasses.MISSING}
-    assert defaults["batch_size"] == 64 and defaults["checkpoint_seconds"] == 10.0
+    assert defaults["batch_size"] is None and defaults["checkpoint_seconds"] == 10.0
 
 
 def test_an_unknown_option_is_refused_by_name():

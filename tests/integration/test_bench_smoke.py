@@ -1,0 +1,51 @@
+"""Every benchmark in bench/ still runs: each script at tiny sizes, as BENCHMARKS.md's commands
+run it, so an argument or an import that no longer exists fails here, not on the next
+measurement. Nothing is timed; a script passes when it exits 0 and prints its table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufn_devcluster import processes
+
+from ..conftest import REPO
+
+BENCH = REPO / "bench"
+# script -> (tiny arguments, what its output always holds, needs the built control plane)
+CASES = {
+    "capacity_bench.py": (["--runs", "3"], "|", True),
+    "fanout_bench.py": (["--rows", "1200", "--workers", "1,2", "--storage-rows", "2000", "--plan-rows", "20000"],
+                        "|", True),
+    "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
+    "queue_bench.py": (["--runs", "3", "--replay-runs", "30"], "|", True),
+    "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000"], "| gpufn_incremental |", False),
+    "signature_bench.py": (["--rows", "1000"], "| int64 |", False),
+    "worker_bench.py": (["--rows", "64", "--repeat", "1", "--big-rows", "2000"], "| engine / bare |", False),
+}
+
+
+def test_every_benchmark_script_is_covered():
+    assert sorted(p.name for p in BENCH.glob("*.py")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("script", [pytest.param(name, marks=[pytest.mark.k8s] if CASES[name][2] else [])
+                                    for name in sorted(CASES)])
+def test_the_benchmark_runs_at_tiny_sizes(script, tmp_path):
+    arguments, expected, _ = CASES[script]
+    log = tmp_path / "bench.log"
+    process = processes.start([sys.executable, str(BENCH / script), *arguments], log=log, cwd=REPO,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        process.wait(timeout=540)  # generous: guards a hang on a loaded machine, times nothing
+    except subprocess.TimeoutExpired:
+        pass  # stopped below; the exit status says so
+    finally:
+        processes.stop(process, grace=10)
+    output = Path(log).read_text(errors="replace")
+    assert process.returncode == 0, f"{script} {' '.join(arguments)} exited {process.returncode}:\n{output[-4000:]}"
+    assert expected in output, output[-4000:]
