@@ -9,15 +9,16 @@ the asset and no registry outside the definitions can go stale or be silently re
 """
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
-from .classes import ClassesDir, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
+from .classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
 from .asset_spec import reads
-from .errors import FunctionDefinitionError
+from .errors import FunctionDefinitionError, GpuClassError
 from .fanout_asset import fanout_asset
 from .functions import Function, make_function
 from .options import document_options
@@ -29,6 +30,9 @@ from .run.placement import Placement, placement_k8s_config
 from .run.slots import step_slot
 from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, READS_METADATA_KEY,
                    gpu_pool, gpu_tags)
+
+logger = logging.getLogger(__name__)
+
 
 def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClass:
     """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
@@ -66,8 +70,9 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
 
 
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
-                 gpu_class: GpuClass | None) -> dg.MaterializeResult:
+                 class_now: ClassNow) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
+    gpu_class = class_now()
     with step_slot(context, gpu_class, function.gpu_count):
         return _refresh_once(context, lancedb, function, gpu_class)
 
@@ -87,6 +92,21 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 
 
+def _class_at_load(function: Function, classes_dir: ClassesDir) -> GpuClass | None:
+    """The Function's class checked while definitions load (an unknown class or too many GPUs fails
+    the load, naming the Function). A class directory that does not load at all does not fail the
+    code location: its CPU assets and other Functions' runs go on, and only runs that need a GPU
+    class are held or refused, each saying why, until the files are fixed."""
+    if not function.gpu:
+        return None
+    try:
+        return resolve_class(function, classes_dir)
+    except GpuClassError as err:
+        logger.warning(f"Function {function.name!r}: the GPU class files do not load, so its runs wait (embedded) "
+                       f"or are refused (Kubernetes) until they do: {err}")
+        return None
+
+
 def function_asset(function: Function, *, classes_dir: ClassesDir = None, declared_in: str | None = None,
                    upstream: Mapping[dg.AssetKey, Function] | None = None) -> dg.AssetsDefinition:
     """A Dagster asset whose materialization refreshes the Function's column.
@@ -99,7 +119,19 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
         upstream: the Function assets whose columns it reads (`build_definitions` finds them):
             it depends on them and its refresh refuses to start while one is not current.
     """
-    gpu_class = resolve_class(function, classes_dir or function.classes_dir) if function.gpu else None
+    directory = classes_dir or function.classes_dir
+    gpu_class = _class_at_load(function, directory)
+
+    def class_now() -> GpuClass | None:
+        if not function.gpu:
+            return None
+        try:
+            return resolve_class(function, directory)
+        except GpuClassError:
+            if gpu_class is None:
+                raise
+            return gpu_class  # the files broke after the code loaded: a started step keeps the class it had
+
     metadata = _asset_metadata(function, declared_in)
     if upstream:
         metadata[READS_METADATA_KEY] = ObjectMetadataValue(tuple(upstream.values()))
@@ -111,7 +143,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None
     if function.workers > 1:
-        return fanout_asset(function, gpu_class, tags=tags, op_tags=op_tags, pool=pool, metadata=metadata,
+        return fanout_asset(function, class_now, tags=tags, op_tags=op_tags, pool=pool, metadata=metadata,
                             upstream=list(upstream or ()))
 
     @dg.asset(
@@ -128,7 +160,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
         metadata=metadata,
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
-        return _materialize(context, lancedb, function, gpu_class)
+        return _materialize(context, lancedb, function, class_now)
 
     return _refresh
 

@@ -14,6 +14,7 @@ import functools
 import os
 import re
 import typing
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -289,6 +290,9 @@ class GpuClass(_Strict):
 
 
 ClassesDir = str | os.PathLike[str] | None
+# A Function's GPU class as the class files are when it is called (None: a CPU Function). Steps read
+# their class when they run, so a class file edited after the code loaded governs the next run.
+ClassNow = Callable[[], "GpuClass | None"]
 
 
 def resolve_classes_dir(classes_dir: ClassesDir = None) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 import dagster as dg
 
 from .asset_spec import reads
-from .classes import GpuClass
+from .classes import ClassNow, GpuClass
 from .functions import Function
 from .refresh.engine import refresh_column
 from .refresh.fanout import RefreshPlan, ShardResult, compute_shard, plan_refresh
@@ -44,7 +44,7 @@ def _token(context: dg.OpExecutionContext) -> str:
     return context.run.root_run_id or context.run.run_id
 
 
-def _plan_op(function: Function, gpu_class: GpuClass | None, upstream: int) -> dg.OpDefinition:
+def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDefinition:
     @dg.op(
         name=f"{function.name}_plan",
         ins={"source": dg.In(dg.Nothing), **{f"upstream_{i}": dg.In(dg.Nothing) for i in range(upstream)}},
@@ -59,6 +59,7 @@ def _plan_op(function: Function, gpu_class: GpuClass | None, upstream: int) -> d
         workers = int(context.op_config["workers"])
         if workers < 1:
             raise dg.Failure(f"Function {function.name!r}: run config 'workers': must be at least 1, got {workers}")
+        gpu_class = class_now()
         planned = plan_refresh(
             lancedb.table_files(function.table).uri, function, workers=workers, lease_token=_token(context),
             gpu_budget=gpu_class.max_gpus_per_refresh if gpu_class else None, storage_options=lancedb.storage_options,
@@ -76,7 +77,7 @@ def _plan_op(function: Function, gpu_class: GpuClass | None, upstream: int) -> d
     return plan
 
 
-def _shard_op(function: Function, gpu_class: GpuClass | None, op_tags: dict[str, str],
+def _shard_op(function: Function, class_now: ClassNow, op_tags: dict[str, str],
               pool: str | None) -> dg.OpDefinition:
     @dg.op(
         name=f"{function.name}_shard",
@@ -97,7 +98,7 @@ def _shard_op(function: Function, gpu_class: GpuClass | None, op_tags: dict[str,
         def report(progress: Progress) -> None:
             context.log.info(f"{name}: {progress.line()}")
 
-        with step_slot(context, gpu_class, function.gpu_count):
+        with step_slot(context, class_now(), function.gpu_count):
             result = compute_shard(lancedb.table_files(function.table).uri, function, shard, plan.read_version,
                                    lease_token=_token(context), storage_options=lancedb.storage_options,
                                    report=report, holder=f"run {context.run.run_id}", on_wait=context.log.info)
@@ -108,7 +109,7 @@ def _shard_op(function: Function, gpu_class: GpuClass | None, op_tags: dict[str,
     return shard_op
 
 
-def _commit_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinition:
+def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
     @dg.op(
         name=f"{function.name}_commit",
         ins={"plan": dg.In(RefreshPlan), "results": dg.In(list[ShardResult])},
@@ -125,7 +126,7 @@ def _commit_op(function: Function, gpu_class: GpuClass | None) -> dg.OpDefinitio
         if result.fragments_left:
             context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "
                                 "appended) and are left for the next refresh")
-        context.add_output_metadata(fanout_metadata(function, gpu_class, result, plan, results))
+        context.add_output_metadata(fanout_metadata(function, class_now(), result, plan, results))
         StepOutputsIOManager(lancedb).forget_run(context.run.run_id)
 
     return commit
@@ -150,12 +151,13 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
     return metadata
 
 
-def fanout_asset(function: Function, gpu_class: GpuClass | None, *, tags: dict[str, str], op_tags: dict[str, str],
+def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str], op_tags: dict[str, str],
                  pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
     """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
-    the Function assets whose columns it reads (a graph asset's dependencies are fixed when it is made)."""
-    plan_op, shard_op, commit_op = (_plan_op(function, gpu_class, len(upstream)),
-                                    _shard_op(function, gpu_class, op_tags, pool), _commit_op(function, gpu_class))
+    the Function assets whose columns it reads (a graph asset's dependencies are fixed when it is made).
+    `class_now` reads the Function's GPU class as its files are when a step runs."""
+    plan_op, shard_op, commit_op = (_plan_op(function, class_now, len(upstream)),
+                                    _shard_op(function, class_now, op_tags, pool), _commit_op(function, class_now))
 
     with warnings.catch_warnings():
         # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so

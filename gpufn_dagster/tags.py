@@ -31,6 +31,8 @@ CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
 WAITING_SINCE_TAG = PREFIX + "waiting-since"
 CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
 WAIT_ESTIMATE_TAG = PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate)
+QUEUE_POSITION_TAG = PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
+POSITION_SAID_TAG = PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
 KUEUE_TAG = PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
 # On runs started by the table and unfilled-rows sensors.
 TABLE_TAG = PREFIX + "table"
@@ -66,6 +68,8 @@ class CapacityState(str, Enum):
 class CapacityReason(str, Enum):
     """Every value of `gpufn/capacity-reason`: short fixed words; the event carries the prose."""
 
+    CLASSES_INVALID = "ClassesInvalid"    # the GPU class files do not load: held in the queue until they do
+    CLASSES_LOADED = "ClassesLoaded"      # they load again: the held run goes to the run queue
     LOCAL_SLOTS_IN_USE = "LocalSlotsInUse"
     SLOT_ACQUIRED = "SlotAcquired"
     UNSCHEDULABLE = "Unschedulable"

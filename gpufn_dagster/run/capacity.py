@@ -22,12 +22,14 @@ from typing import Any
 
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, time_tag, waiting_since)
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, POSITION_SAID_TAG,
+                    QUEUE_POSITION_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, seconds_from_tag, time_tag,
+                    waiting_since)
 
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
 AUTOSCALER_REASONS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+POSITION_EVERY = 60.0  # seconds: the most often a waiting run's page is told its place in line moved
 _KUEUE_REASONS = {CapacityReason.KUEUE_PENDING.value, CapacityReason.KUEUE_PREEMPTED.value,
                   CapacityReason.KUEUE_EVICTED.value}
 
@@ -222,17 +224,20 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         # Nor is the position part of it, or every wait would be re-reported whenever the queue moves.
         reasons = verdict.reasons.summary() if verdict.reasons else verdict.message
         digest = hashlib.sha1(f"{reasons}|{verdict.autoscaler}".encode()).hexdigest()[:12]
-        if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
-            return Decision(CapacityState.WAITING, waited_seconds=waited)
         behind = (f", behind run{'s' if len(ahead) > 1 else ''} {', '.join(r[:8] for r in ahead[:3])}"
                   f"{f' and {len(ahead) - 3} more' if len(ahead) > 3 else ''}" if ahead else "")
         place = f"position {position[0]} of {position[1]} {queue}{behind}" if position else ""
+        position_tag = f"{position[0]} of {position[1]}" if position else None
+        if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
+            return _position_moved(previous, position_tag, place, gpu_class, now, waited)
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
         return Decision(
             CapacityState.WAITING,
             {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: reason,
-             WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest},
+             WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest,
+             **({QUEUE_POSITION_TAG: position_tag, POSITION_SAID_TAG: f"{position_tag} at {time_tag(now)}"}
+                if position_tag else {})},
             Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}"
                   f"{'; ' + place if place else ''}. {verdict.source}: {verdict.message}{autoscaler}",
                   {"GPU class": gpu_class.name, "Requested": request, "Waiting since": time_tag(since),
@@ -260,6 +265,35 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
         return Decision(verdict.state, {CAPACITY_TAG: verdict.state.value, CAPACITY_REASON_TAG: verdict.reason},
                         Event(f"GPU run {what}: {verdict.message}", {"Reason": verdict.reason}))
     return Decision(verdict.state)
+
+
+def _position_moved(previous: Mapping[str, str], position: str | None, place: str, gpu_class: GpuClass, now: float,
+                    waited: float) -> Decision:
+    """An unchanged wait whose place in line may have moved: the position tag follows every move,
+    and the run's page hears the new place at most once per POSITION_EVERY seconds (the last place
+    said and when are kept as `<place> at <time>`).
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+    >>> said = {"gpufn/queue-position": "3 of 3", "gpufn/position-said": "3 of 3 at 2026-11-30T17:01:13Z"}
+    >>> soon = _position_moved(said, "2 of 3", "position 2 of 3", l4, 1796058073 + 20, 20)
+    >>> soon.tags, soon.event
+    ({'gpufn/queue-position': '2 of 3'}, None)
+    >>> later = _position_moved({**said, **soon.tags}, "2 of 3", "position 2 of 3 in ClusterQueue q", l4,
+    ...                         1796058073 + 90, 90)
+    >>> later.tags["gpufn/position-said"], later.event.message
+    ('2 of 3 at 2026-11-30T17:02:43Z', "Still waiting for GPU capacity of class 'l4': now position 2 of 3 in ClusterQueue q")
+    """
+    if position is None:
+        return Decision(CapacityState.WAITING, waited_seconds=waited)
+    tags = {QUEUE_POSITION_TAG: position} if previous.get(QUEUE_POSITION_TAG) != position else {}
+    said_place, _, said_at = previous.get(POSITION_SAID_TAG, "").partition(" at ")
+    if said_place == position or (said_at and now - seconds_from_tag(said_at) < POSITION_EVERY):
+        return Decision(CapacityState.WAITING, tags, waited_seconds=waited)
+    return Decision(CapacityState.WAITING, {**tags, POSITION_SAID_TAG: f"{position} at {time_tag(now)}"},
+                    Event(f"Still waiting for GPU capacity of class {gpu_class.name!r}: now {place}",
+                          {"GPU class": gpu_class.name, "Position": position}),
+                    waited_seconds=waited)
 
 
 def decide_without_pod(previous: Mapping[str, str], job: str | None, job_failure: str | None) -> Decision:

@@ -10,6 +10,7 @@ turned into one of two typed errors that say what it means for the person whose 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,6 +23,9 @@ from ..errors import KubernetesRejected, KubernetesUnavailable
 
 # (connect, read) seconds for each call; a frozen API server then ends a watcher tick instead of hanging it.
 REQUEST_TIMEOUT = (5.0, 20.0)
+# The most seconds one watcher tick spends on the API, all its calls together: each call gets what is
+# left, so a tick against a frozen API server returns within this, having touched no run.
+TICK_DEADLINE = 10.0
 # What a failed call can raise, from dagster-k8s's retry, the client, or the connection below it.
 API_ERRORS = (DagsterK8sError, DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnrecoverableAPIError,
               urllib3.exceptions.HTTPError, kubernetes.client.ApiException)
@@ -37,10 +41,38 @@ _STATUS_MEANING = {
 T = TypeVar("T")
 
 
+def within(request_timeout: tuple[float, float], deadline: float | None, doing: str = "call") -> tuple[float, float]:
+    """`request_timeout` cut to what is left before `deadline` (a `time.monotonic()` moment, None: none);
+    raises a read timeout once it has passed, as a frozen server's call would.
+
+    >>> within((5.0, 20.0), None)
+    (5.0, 20.0)
+    >>> [round(t) for t in within((5.0, 20.0), time.monotonic() + 3)]
+    [3, 3]
+    """
+    if deadline is None:
+        return request_timeout
+    left = deadline - time.monotonic()
+    if left <= 0.05:
+        raise urllib3.exceptions.ReadTimeoutError(None, doing, "the tick's deadline passed before this call")
+    return min(request_timeout[0], left), min(request_timeout[1], left)
+
+
 def call(fn: Callable[..., T], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
-         **kwargs: Any) -> T:
-    """One Kubernetes client call, bounded in time, transient errors retried (twice, 1 s apart)."""
-    return k8s_api_retry(lambda: fn(*args, **kwargs, _request_timeout=request_timeout), max_retries=2, timeout=1.0)
+         deadline: float | None = None, **kwargs: Any) -> T:
+    """One Kubernetes client call, bounded in time (and by `deadline`, retries included), transient
+    errors retried (twice, 1 s apart, while the deadline allows)."""
+    def attempt() -> T:
+        return fn(*args, **kwargs, _request_timeout=within(request_timeout, deadline, getattr(fn, "__name__", "call")))
+    return k8s_api_retry(attempt, max_retries=2, timeout=1.0)
+
+
+def client_without_retries() -> kubernetes.client.ApiClient:
+    """An API client on the default configuration whose connection pool does not retry on its own:
+    urllib3 retries a timed-out GET three times, which would multiply every deadline by four."""
+    configuration = kubernetes.client.Configuration.get_default_copy()
+    configuration.retries = False
+    return kubernetes.client.ApiClient(configuration)
 
 
 class View(dict):
@@ -66,9 +98,9 @@ class View(dict):
 
 
 def list_views(fn: Callable[..., Any], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
-               **kwargs: Any) -> list[View]:
+               deadline: float | None = None, **kwargs: Any) -> list[View]:
     """A list call's items as `View`s (one call, bounded and retried like `call`; nothing deserialized)."""
-    answer = call(fn, *args, request_timeout=request_timeout, _preload_content=False, **kwargs)
+    answer = call(fn, *args, request_timeout=request_timeout, deadline=deadline, _preload_content=False, **kwargs)
     return [View(item) for item in json.loads(answer.data)["items"]]
 
 

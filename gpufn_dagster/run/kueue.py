@@ -123,6 +123,7 @@ def _camel(toleration: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _BEYOND_MAXIMUM = re.compile(r">\s*maximum capacity")
+EXCEEDS_MAX_QUOTA = "ExceedsMaxQuota"  # Kueue's QuotaReserved reason for a request beyond the queue's maximum
 
 
 def exceeds_maximum_capacity(message: str) -> bool:

@@ -33,7 +33,8 @@ from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 
-from ..classes import GpuClass, cached_gpu_classes
+from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
+from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG,
                     PLACEMENT_REJECTED, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_pool,
                     pool_class, time_tag, waiting_since)
@@ -41,6 +42,10 @@ from .capacity import past_max_wait
 from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
 from .shared import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
+
+
+# A run held because the class files do not load never leaves the queue while that lasts.
+HELD_BY_INVALID_CLASSES = {"key": CAPACITY_REASON_TAG, "value": CapacityReason.CLASSES_INVALID.value, "limit": 0}
 
 
 class GpuQueuedRunCoordinator(QueuedRunCoordinator):
@@ -73,18 +78,55 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
 
     def get_run_queue_config(self):
         # The queue daemon asks for this on every pass, before it launches anything: the beat on
-        # which pool limits follow the class files, waits are described, and tags end.
-        classes = cached_gpu_classes(self._classes_dir)
+        # which pool limits follow the class files, waits are described, and tags end. Class files
+        # that do not load hold the GPU runs (a tag limit of 0) and nothing else; once they load,
+        # the held runs are placed and go.
         release_ended_runs(self._instance)
+        config = super().get_run_queue_config()
+        try:
+            classes = cached_gpu_classes(self._classes_dir)
+        except GpuClassError:
+            return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, HELD_BY_INVALID_CLASSES])
+        self._release_held(config)
         if self._instance.event_log_storage.supports_global_concurrency_limits:
             self._sync_pool_limits(classes.values())
             self._report_waits(classes, time.time())
-        return super().get_run_queue_config()
+        return config
+
+    def _release_held(self, config: Any) -> None:
+        """Place the runs held while the class files did not load (or fail those that cannot be placed)."""
+        held = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
+                                                  tags={CAPACITY_REASON_TAG: CapacityReason.CLASSES_INVALID.value}))
+        for run in held:
+            try:
+                self._placed(run, class_placements(self._instance, run, self._classes_dir))
+            except (GpuClassError, PlacementError) as err:
+                self._instance.report_run_failed(run, f"GPU run not started: {err}")
+                continue
+            self._instance.add_run_tags(run.run_id, {CAPACITY_REASON_TAG: CapacityReason.CLASSES_LOADED.value})
+            self._instance.report_engine_event(
+                "The GPU class files load again: the run goes to the run queue", run, cls=self.__class__)
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        # Raises for an unknown class or too many GPUs; several classes in one run are fine here.
-        placements = class_placements(self._instance, run, self._classes_dir)
+        try:
+            # Raises for an unknown class or too many GPUs; several classes in one run are fine here.
+            placements = class_placements(self._instance, run, self._classes_dir)
+        except GpuClassError as err:  # the class files do not load: hold this GPU run until they do
+            self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.WAITING.value,
+                                                     CAPACITY_REASON_TAG: CapacityReason.CLASSES_INVALID.value})
+            self._instance.report_engine_event(
+                f"Held in the queue: its GPU steps need a GPU class and the class files do not load. Fix them; "
+                f"the run then starts without a restart. {err}", run,
+                EngineEventData({"Class files": str(resolve_classes_dir(self._classes_dir))}), cls=self.__class__)
+            return super().submit_run(SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace))
+        run = self._placed(run, placements)
+        if run.status == DagsterRunStatus.FAILURE:
+            return run
+        return super().submit_run(SubmitRunContext(run, context.workspace))
+
+    def _placed(self, run: DagsterRun, placements: Mapping[str, Any]) -> DagsterRun:
+        """Tag a GPU run with its classes, or fail it now when a step can never get its slots."""
         if placements:
             names = sorted(placements)
             tags = {GPU_CLASS_TAG: ",".join(names), GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
@@ -106,7 +148,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 return self._instance.get_run_by_id(run.run_id)
             self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id)
-        return super().submit_run(SubmitRunContext(run, context.workspace))
+        return run
 
     def _sync_pool_limits(self, classes: Iterable[GpuClass]) -> None:
         """Each class's pool limited to its `local.slots` (the class file is the one place of that fact)."""

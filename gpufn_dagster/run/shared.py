@@ -18,8 +18,9 @@ from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilt
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG, WAIT_ESTIMATE_TAG, CapacityReason,
-                    CapacityState, waiting_since)
+from ..errors import PlacementError
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, K8S_CONFIG_TAG, SHARD_TAG,
+                    WAIT_ESTIMATE_TAG, CapacityReason, CapacityState, waiting_since)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -93,6 +94,8 @@ class RunPlan:
 
 
 def _each_placed(requests: dict[str, int], classes_dir: ClassesDir) -> dict[str, Placement]:
+    if not requests:  # a CPU run: it never depends on the class files, valid or not
+        return {}
     classes = cached_gpu_classes(classes_dir)
     return {name: resolve_placement({name: count}, classes) for name, count in requests.items()}
 
@@ -119,6 +122,13 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
     mode = _job_step_pods(instance, run.job_snapshot_id) if run.job_snapshot_id else StepPods.NEVER
     fanned_out = tuple(sorted({tags[SHARD_TAG] for tags in step_tags if SHARD_TAG in tags}))  # shard steps
     if mode is StepPods.ALWAYS or (mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out)):
+        unplaced = sorted({tags.get(GPU_CLASS_TAG, "?") for tags in step_tags
+                           if GPU_CLASS_TAG in tags and K8S_CONFIG_TAG not in tags})
+        if unplaced:
+            raise PlacementError(
+                f"its GPU steps of class {', '.join(unplaced)} carry no pod placement: the code location loaded "
+                "while the GPU class files did not load. Fix the class files, reload the code location and "
+                "launch the run again")
         return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(_each_placed(requests, classes_dir))),
                        fanned_out=fanned_out)
     return RunPlan(RunKind.GPU, resolve_placement(requests, cached_gpu_classes(classes_dir)))

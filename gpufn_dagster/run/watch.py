@@ -38,12 +38,14 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
+from ..errors import GpuClassError
 from ..tags import (GPU_CLASS_TAG, GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
                     waiting_since)
 from . import kueue
 from .capacity import Decision, Event, Verdict, class_gpus, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .history import report_estimates
-from .k8s_api import API_ERRORS, REQUEST_TIMEOUT, View, answered_status, api_error, api_host, call, list_views
+from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
+                      client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
 from .placement import CLASS_LABEL, COUNT_LABEL
 from .shared import RunKind, release_ended_runs
@@ -120,15 +122,17 @@ class CapacityWatcher:
 
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
                  namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
-                 custom_api: Any = None):
+                 custom_api: Any = None, deadline_seconds: float = TICK_DEADLINE):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
         self.request_timeout = request_timeout
+        self.deadline_seconds = deadline_seconds
+        self._deadline: float | None = None  # when the current tick's time on the API ends (time.monotonic())
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return call(fn, *args, request_timeout=self.request_timeout, **kwargs)
+        return call(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
 
     def _list(self, namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kwargs: Any) -> list[Any]:
         if self.namespace:
@@ -139,11 +143,23 @@ class CapacityWatcher:
         """Jobs as `View`s: a tick reads a few fields of every GPU run's Job, never its timestamps."""
         if self.namespace:
             return list_views(self.batch.list_namespaced_job, self.namespace, request_timeout=self.request_timeout,
-                              **kwargs)
-        return list_views(self.batch.list_job_for_all_namespaces, request_timeout=self.request_timeout, **kwargs)
+                              deadline=self._deadline, **kwargs)
+        return list_views(self.batch.list_job_for_all_namespaces, request_timeout=self.request_timeout,
+                          deadline=self._deadline, **kwargs)
 
     def tick(self, now: float | None = None) -> TickReport:
-        now = time.time() if now is None else now
+        """One pass over every GPU run; its API calls together take at most `deadline_seconds`.
+
+        The tick's lists are read before it touches a run, so a tick whose API does not answer in
+        time raises (KubernetesUnavailable, through the sensor) having changed nothing.
+        """
+        self._deadline = time.monotonic() + self.deadline_seconds
+        try:
+            return self._tick(time.time() if now is None else now)
+        finally:
+            self._deadline = None
+
+    def _tick(self, now: float) -> TickReport:
         report = TickReport()
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._jobs(label_selector=CLASS_LABEL)
@@ -371,7 +387,8 @@ def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
     A request larger than the ClusterQueue's maximum capacity (its quota plus all it may borrow)
     can never be admitted: that never fits, as a class whose nodes can never hold it.
     """
-    if workload.state == "pending" and kueue.exceeds_maximum_capacity(workload.message):
+    if workload.state == "pending" and (workload.reason == kueue.EXCEEDS_MAX_QUOTA
+                                        or kueue.exceeds_maximum_capacity(workload.message)):
         return Verdict(CapacityState.NEVER_FITS, CapacityReason.NEVER_FITS.value,
                        f"ClusterQueue {workload.cluster_queue} can never admit it; Kueue says: {workload.describe()}",
                        source="Kueue")
@@ -385,7 +402,8 @@ def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
 
 def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,
                     minimum_interval_seconds: int = 10, running: bool = True,
-                    request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> dg.SensorDefinition:
+                    request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+                    deadline_seconds: float = TICK_DEADLINE) -> dg.SensorDefinition:
     """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view.
 
     Args:
@@ -394,6 +412,8 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         minimum_interval_seconds: how often it ticks.
         running: whether it starts running (default) or stopped.
         request_timeout: (connect, read) seconds for each Kubernetes call of a tick.
+        deadline_seconds: the most a whole tick spends on the Kubernetes API (all calls, retries
+            included); a tick against a frozen API server ends then, saying the API did not answer.
 
     Example:
         >>> capacity_sensor(minimum_interval_seconds=30).name
@@ -409,16 +429,24 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         if not isinstance(launcher, GpuK8sRunLauncher):
             return dg.SkipReason("the run launcher is not GpuK8sRunLauncher; local GPU slots are waited for in "
                                  "the run queue")
+        try:
+            classes = cached_gpu_classes(classes_dir or launcher.classes_dir)
+        except GpuClassError as err:  # runs keep waiting as they are; the next tick after the fix goes on
+            context.log.warning(str(err))
+            return dg.SkipReason(f"GPU class files do not load, so this tick judged no run (waiting runs keep "
+                                 f"waiting; new GPU runs are refused at launch until they load): {err}")
         # Constructing the launcher loaded its Kubernetes configuration as the client default.
-        watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(), kubernetes.client.BatchV1Api(),
-                                  cached_gpu_classes(classes_dir or launcher.classes_dir),
-                                  namespace or launcher.job_namespace, request_timeout=request_timeout)
+        client = client_without_retries()
+        watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(client),
+                                  kubernetes.client.BatchV1Api(client), classes, namespace or launcher.job_namespace,
+                                  request_timeout=request_timeout, custom_api=kubernetes.client.CustomObjectsApi(client),
+                                  deadline_seconds=deadline_seconds)
         try:
             report = watcher.tick()
         except API_ERRORS as err:
             raise api_error(err, "finish this tick", f"the Kubernetes API at {api_host()}",
-                            when_unavailable=f"Each call may take {request_timeout[1]:.0f}s; runs keep waiting and the "
-                                             "next tick starts afresh.",
+                            when_unavailable=f"A tick spends at most {deadline_seconds:.0f}s on the API; runs keep "
+                                             "waiting and the next tick starts afresh.",
                             when_rejected="Runs keep waiting; fix the sensor's access to the API.") from err
         context.log.info(report.summary())
         return dg.SkipReason(report.summary())

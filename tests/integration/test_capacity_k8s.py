@@ -273,3 +273,98 @@ def test_a_shard_pod_waiting_for_its_class_is_reported_on_the_run_naming_the_sha
     watcher.tick()
     assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity"] == "scheduled"
     assert any("GPU capacity arrived" in m for m in messages(instance, run.run_id))
+
+
+def _waiting_run(core, namespace, instance, watcher) -> tuple[str, dict, int]:
+    """A GPU run reported waiting on the full a100 pool: (its id, its tags, how many events it has)."""
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/capacity"] == "waiting"
+    return run_id, dict(run.tags), len(instance.all_logs(run_id))
+
+
+def test_a_frozen_api_server_ends_the_sensor_tick_within_its_deadline_and_touches_no_run(
+        cluster, core, namespace, instance, watcher, full_a100_pool):
+    import os
+    import signal
+
+    import dagster as dg
+
+    from gpufn_dagster.errors import KubernetesUnavailable
+    from gpufn_dagster.run.watch import capacity_sensor
+
+    run_id, tags, logged = _waiting_run(core, namespace, instance, watcher)
+    sensor = capacity_sensor()  # the shipped deadline: 10 s of API time per tick
+    apiserver = cluster.processes["apiserver"].pid
+    os.kill(apiserver, signal.SIGSTOP)  # it keeps its connections and answers nothing
+    try:
+        started = time.monotonic()
+        with pytest.raises(KubernetesUnavailable) as err:
+            sensor(dg.build_sensor_context(instance=instance))
+        took = time.monotonic() - started
+    finally:
+        os.kill(apiserver, signal.SIGCONT)
+    # Within its deadline plus a margin; before, the pool's own retries made it 20 s and more (40 s seen).
+    assert took < 15, f"the tick took {took:.0f}s against a frozen API (deadline 10 s)"
+    assert "did not answer" in str(err.value) and "at most 10s on the API" in str(err.value), err.value
+    run = instance.get_run_by_id(run_id)
+    assert dict(run.tags) == tags and len(instance.all_logs(run_id)) == logged  # no run touched
+    wait_for(lambda: core.list_namespaced_pod(namespace).items is not None, what="the API answering again")
+
+
+def test_broken_class_files_skip_the_sensor_tick_refuse_new_gpu_runs_and_let_cpu_runs_launch(
+        cluster, core, namespace, instance, watcher, classes_dir, full_a100_pool):
+    import dagster as dg
+
+    from gpufn_dagster.run.watch import capacity_sensor
+
+    run_id, tags, logged = _waiting_run(core, namespace, instance, watcher)
+    l4 = classes_dir / "l4.yaml"
+    good = l4.read_text()
+    l4.write_text(good + "gpu_memroy: 24GiB\n")
+    skipped = capacity_sensor()(dg.build_sensor_context(instance=instance))
+    assert "GPU class files do not load" in skipped.skip_message
+    assert "field 'gpu_memroy': unknown field (did you mean 'gpu_memory'?)" in skipped.skip_message
+    assert dict(instance.get_run_by_id(run_id).tags) == tags and len(instance.all_logs(run_id)) == logged
+
+    refused = instance.get_run_by_id(materialize(instance, "frames__emb_l4"))
+    assert refused.status == DagsterRunStatus.FAILURE
+    assert any("field 'gpu_memroy'" in m for m in messages(instance, refused.run_id)), messages(instance, refused.run_id)
+    cpu = materialize(instance, "frames__words")  # needs no class: launched as ever
+    wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={cpu}").items,
+             what="the CPU run's pod")
+
+    l4.write_text(good)  # fixed: the next tick judges the waiting run again
+    result = capacity_sensor()(dg.build_sensor_context(instance=instance))
+    assert "a100-80gb: 1 waiting" in result.skip_message, result.skip_message
+
+
+def test_orphan_cleanup_leaves_a_job_being_deleted_alone_and_a_job_already_gone_is_deleted(
+        cluster, namespace, instance, watcher):
+    from dagster._core.test_utils import create_run_for_test
+
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    run = create_run_for_test(instance, job_name="gone")
+    instance.report_run_failed(run, "ended while its Job was still there")
+    name = f"dagster-run-{run.run_id}"
+    batch.create_namespaced_job(namespace, {
+        "metadata": {"name": name, "finalizers": ["gpufn.test/hold"],  # its deletion stays under way
+                     "labels": {"gpufn.dev/gpu-class": "l4", "dagster/run-id": run.run_id}},
+        "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "c", "image": "gpufn/worker:test"}]}}}})
+    try:
+        batch.delete_namespaced_job(name, namespace, propagation_policy="Background")  # as terminate does
+        wait_for(lambda: batch.read_namespaced_job(name, namespace).metadata.deletion_timestamp, what="deleting")
+        report = watcher.tick()  # before: deleted again, and a race with terminate ended the tick on a 404
+        assert name not in report.deleted_jobs
+        assert not any("Deleted Kubernetes Job" in m for m in messages(instance, run.run_id))
+    finally:
+        batch.patch_namespaced_job(name, namespace, {"metadata": {"finalizers": None}})
+    wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items}, what="gone")
+    from gpufn_dagster.run.watch import TickReport
+
+    gone = TickReport()
+    watcher._delete_job(name, namespace, gone)  # deleting a Job that is already gone counts as done
+    assert gone.deleted_jobs == [name]

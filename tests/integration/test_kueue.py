@@ -49,8 +49,18 @@ def kueue_classes(classes_dir):
 def queue(cluster, kueue, namespace, core, kueue_classes) -> Iterator[str]:
     """Kueue's objects for the l4 class as `kueue_manifests` makes them, with a quota of one GPU,
     in this test's namespace (labelled for Kueue); its ClusterQueue is this test's own."""
+    yield from _queue(cluster, namespace, core, kueue_classes, gpus=1)
+
+
+@pytest.fixture
+def empty_queue(cluster, kueue, namespace, core, kueue_classes) -> Iterator[str]:
+    """The same with a quota of no GPU at all: no l4 request can ever be admitted."""
+    yield from _queue(cluster, namespace, core, kueue_classes, gpus=0)
+
+
+def _queue(cluster, namespace, core, kueue_classes, gpus: int) -> Iterator[str]:
     core.patch_namespace(namespace, {"metadata": {"labels": {KUEUE_NAMESPACE_LABEL: "true"}}})
-    objects = kueue_manifests(load_gpu_classes(kueue_classes).values(), {"l4": 1}, namespace)
+    objects = kueue_manifests(load_gpu_classes(kueue_classes).values(), {"l4": gpus}, namespace)
     name = f"gpufn-l4-{uuid.uuid4().hex[:6]}"
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
     for body in objects:
@@ -270,3 +280,56 @@ def test_a_fanned_out_refresh_whose_shard_jobs_kueue_holds_back_names_the_waitin
     assert len(said) == 1 and said[0].startswith("[CapacityWatcher] Step frames__emb_wide.frames__emb_wide_shard-shard_1: Waiting"), said
     assert "insufficient unused quota for nvidia.com/gpu in flavor l4" in said[0], said
     assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity-reason"] == "KueuePending"
+
+
+def test_a_queue_whose_maximum_capacity_can_never_hold_the_run_fails_it_as_never_fits(
+        cluster, core, namespace, empty_queue, instance, watcher):
+    run_id = materialize(instance, "frames__emb_l4")
+    pending = condition(cluster, namespace, run_id, "QuotaReserved", "False")
+    assert "> maximum capacity (0)" in pending["message"], pending  # Kueue's words for "never"
+    watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.FAILURE  # not KueuePending until a max_wait nobody set
+    assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
+    failure = next(m for m in events(instance, run_id) if "can never start" in m)
+    assert f"ClusterQueue {empty_queue} can never admit it" in failure and pending["message"] in failure, failure
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    assert f"dagster-run-{run_id}" not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items
+                                           if not j.metadata.deletion_timestamp}
+
+
+def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_page(
+        cluster, core, namespace, queue, instance, watcher):
+    import time
+
+    holder = materialize(instance, "frames__emb_l4")
+    condition(cluster, namespace, holder, "Admitted")
+    waiting = [materialize(instance, "frames__emb_l4") for _ in range(3)]
+    for run_id in waiting:
+        workload(cluster, namespace, run_id)
+    condition(cluster, namespace, waiting[0], "QuotaReserved", "False")
+    now = time.time()
+    watcher.tick(now=now)
+    first = {r: instance.get_run_by_id(r).tags.get("gpufn/queue-position") for r in waiting}
+    assert sorted(first.values()) == ["1 of 3", "2 of 3", "3 of 3"], first  # not "position 1" for all
+    ahead = next(r for r, p in first.items() if p == "1 of 3")
+    instance.run_launcher.terminate(ahead)  # the first in line leaves
+    rest = [r for r in waiting if r != ahead]
+    wait_for(lambda: not [w for w in _workloads(cluster, namespace) if any(
+        o["name"] == f"dagster-run-{ahead}" for o in w["metadata"].get("ownerReferences", []))],
+        what="the Workload of the run that left", timeout=60)
+    watcher.tick(now=now + 30)  # the tags follow at once...
+    moved = {r: instance.get_run_by_id(r).tags["gpufn/queue-position"] for r in rest}
+    assert sorted(moved.values()) == ["1 of 2", "2 of 2"], moved
+    assert not any("now position" in m for r in rest for m in events(instance, r))  # ...the page within a minute
+    watcher.tick(now=now + 120)
+    for run_id in rest:
+        said = [m for m in events(instance, run_id) if "Still waiting for GPU capacity" in m]
+        assert len(said) == 1 and f"now position {moved[run_id]} in ClusterQueue {queue}" in said[0], said
+    watcher.tick(now=now + 300)  # nothing moved since: nothing more is said
+    assert sum("Still waiting" in m for r in rest for m in events(instance, r)) == 2
+
+
+def _workloads(cluster, namespace: str) -> list[dict]:
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    return custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]

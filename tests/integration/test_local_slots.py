@@ -263,3 +263,31 @@ def test_a_step_asking_for_more_gpus_than_local_slots_fails_at_once_as_never_fit
         assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
         assert ("a step asks for 2 GPUs of class 'default', whose local.slots is 1 (a slot is one GPU)"
                 in messages(instance, run.run_id))
+
+
+def test_a_broken_class_file_holds_only_gpu_runs_and_fixing_it_lets_them_go_without_a_restart(
+        tmp_path, monkeypatch, classes_dir):
+    l4 = classes_dir / "l4.yaml"
+    good = l4.read_text()
+    l4.write_text(good + "gpu_memroy: 24GiB\n")  # a typo in one file of classes/
+    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}) as (instance, workspace, queue_pass, open_gate):
+        cpu = submit(workspace, "docs__size")  # the code location loaded, and a CPU run goes as ever
+        gpu = submit(workspace, "docs__slow")
+        for _ in range(3):
+            queue_pass()  # no pass fails on the class files
+        wait_for(lambda: instance.get_run_by_id(cpu).status == DagsterRunStatus.SUCCESS, timeout=180,
+                 what="the CPU run to succeed while the class files are broken")
+        run = instance.get_run_by_id(gpu)
+        assert run.status == DagsterRunStatus.QUEUED  # held: neither failed nor started
+        assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("waiting", "ClassesInvalid")
+        said = messages(instance, gpu)
+        assert "Held in the queue: its GPU steps need a GPU class and the class files do not load" in said, said
+        assert f"{l4}: class 'l4': field 'gpu_memroy': unknown field (did you mean 'gpu_memory'?)" in said, said
+
+        l4.write_text(good)  # fixed: the held run goes on the next pass, no restart
+        open_gate(1)
+        queue_pass()
+        wait_for(lambda: instance.get_run_by_id(gpu).status == DagsterRunStatus.SUCCESS, timeout=240,
+                 what="the held GPU run to start and succeed once the class files load")
+        assert "The GPU class files load again: the run goes to the run queue" in messages(instance, gpu)
+        assert instance.get_run_by_id(gpu).tags["gpufn/placement"] == "local"

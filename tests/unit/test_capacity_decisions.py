@@ -19,7 +19,11 @@ def test_a_new_wait_is_tagged_and_told_once():
     assert first.tags[WAITING_SINCE_TAG] == "2026-11-30T17:01:13Z"
     assert "position 2 of 3" in first.event.message and FULL.message in first.event.message
     again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
-    assert again.tags == {} and again.event is None and again.waited_seconds == 30
+    assert again.tags == {"gpufn/queue-position": "1 of 3"} and again.event is None and again.waited_seconds == 30
+    # The tag follows every move; the page hears of a move again once a minute at most.
+    later = decide(FULL, {**first.tags, **again.tags}, L4, 1, (1, 2), NOW + 61)
+    assert later.tags["gpufn/queue-position"] == "1 of 2" and "now position 1 of 2" in later.event.message
+    assert decide(FULL, {**first.tags, **again.tags, **later.tags}, L4, 1, (1, 2), NOW + 200).tags == {}
     # The scheduler rewords its message as it retries (here: its preemption part); the reasons are the same.
     reworded = Verdict(CapacityState.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
                        "5 Preemption is not helpful for scheduling.", reasons=parse_scheduler_message(FULL.message))
