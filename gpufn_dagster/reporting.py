@@ -45,6 +45,45 @@ def record_errors(lancedb: LanceDBResource, function: Function, result: RefreshR
     table.add(rows)
 
 
+NO_GPU_BILLED = "no GPU was visible to the worker: it computed on the CPU, and no GPU time is billed"
+
+
+def device_used(devices: tuple[str, ...]) -> str:
+    """The device a worker computed on, as the materialization says it.
+
+    >>> device_used(()), device_used(("NVIDIA L4", "NVIDIA L4"))
+    ('cpu', 'NVIDIA L4 x2')
+    """
+    if not devices:
+        return "cpu"
+    names = sorted(set(devices))
+    return ", ".join(f"{n} x{devices.count(n)}" if devices.count(n) > 1 else n for n in names)
+
+
+def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: float, on_gpu: bool) -> dict[str, Any]:
+    """GPU-seconds and cost of a GPU Function's refresh, billed only when a GPU was visible to it.
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> from gpufn_dagster.functions import make_function
+    >>> t4 = GpuClass(name="default", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1,
+    ...               price_per_gpu_hour=0.36)
+    >>> def f(x: int) -> int: return x
+    >>> fn = make_function(f, table="t", column="y", gpu=True)
+    >>> {k: v.value if hasattr(v, "value") else v for k, v in gpu_billing(fn, t4, 3600.0, on_gpu=True).items()}
+    {'gpu_class': 'default', 'gpu_seconds': 3600.0, 'cost_usd': 0.36}
+    >>> sorted(gpu_billing(fn, t4, 3600.0, on_gpu=False))
+    ['gpu_billing', 'gpu_class', 'gpu_seconds']
+    """
+    if not function.gpu_count or gpu_class is None:
+        return {}
+    if not on_gpu:
+        return {"gpu_class": gpu_class.name, "gpu_seconds": dg.FloatMetadataValue(0.0), "gpu_billing": NO_GPU_BILLED}
+    billed: dict[str, Any] = {"gpu_class": gpu_class.name, "gpu_seconds": dg.FloatMetadataValue(round(gpu_seconds, 3))}
+    if gpu_class.price_per_gpu_hour is not None:
+        billed["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
+    return billed
+
+
 def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult) -> dict[str, Any]:
     """What each materialization reports, as Dagster metadata."""
     gpu_seconds = result.wall_seconds * function.gpu_count
@@ -76,9 +115,7 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["versions_published"] = result.versions_published
     if result.lease_wait_seconds >= 0.5:
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
-    if function.gpu_count and gpu_class is not None:
-        metadata["gpu_class"] = gpu_class.name
-        metadata["gpu_seconds"] = dg.FloatMetadataValue(round(gpu_seconds, 3))
-        if gpu_class.price_per_gpu_hour is not None:
-            metadata["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
+    if result.rows_computed:
+        metadata["device"] = device_used(result.devices)
+    metadata.update(gpu_billing(function, gpu_class, gpu_seconds, bool(result.devices)))
     return metadata

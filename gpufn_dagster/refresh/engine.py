@@ -36,7 +36,7 @@ from .columns import ensure_columns
 from .execute import BatchFit, RowError
 from .files import TableFiles
 from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, compute_fragments
-from .gpu_stats import GpuSampler
+from .gpu_stats import GpuSampler, visible_gpus
 from .lease import DEFAULT_TTL, ColumnLease
 from .leftovers import WrittenFiles
 from .plan import content_keys, plan_fragments
@@ -66,7 +66,7 @@ class RefreshResult:
     recovered: list[int]
     leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
     load_seconds: float = 0.0  # constructing the Function's callable (loading its model), all attempts
-    compute_seconds: float = 0.0  # the final attempt's rows, the load left out
+    compute_seconds: float = 0.0  # computing rows, over every attempt, the load and the commit left out
     busy_seconds: float = 0.0  # of those, the time spent inside the Function
     first_values_seconds: float | None = None  # from the start to the first computed values (None: none computed)
     oom_splits: int = 0  # batches retried in halves after running out of device memory
@@ -75,6 +75,7 @@ class RefreshResult:
     gpu: dict[str, float] = field(default_factory=dict)  # NVIDIA's figures over the refresh, when available
     versions_published: int = 0  # intermediate commits (publish_every_rows) before the final one
     fragments_left: int = 0  # assembling shards: fragments that changed meanwhile, left for the next refresh
+    devices: tuple[str, ...] = ()  # the GPUs the worker saw (none: it computed on a CPU)
 
     @property
     def busy_fraction(self) -> float:
@@ -198,9 +199,7 @@ def refresh_column(
     dataset = files.dataset()
     check_input_types(function, dataset.schema)
     check_upstream(files, dataset, function, upstream)
-    progress = Progress()
     visited = rewritten = published = 0
-    load_seconds = computing = 0.0
     workers = concurrency or min(4, os.cpu_count() or 1)
     call: Any = None
     fit = BatchFit()
@@ -208,6 +207,7 @@ def refresh_column(
     lease = ColumnLease(files, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
                         ttl=lease_seconds, on_wait=on_wait, token=lease_token)
     with GpuSampler() as gpu, lease:
+        progress = Progress()  # its clock starts once the lease is held: waiting for it is not computing
         try:
             dataset = ensure_columns(files, function)
             version_before = dataset.version
@@ -226,8 +226,7 @@ def refresh_column(
                 published += publisher.commits
                 rewritten += len(publisher.published)
                 call = attempt.call
-                load_seconds += progress.load_seconds
-                computing = progress.computing_seconds()
+                computed_until = time.monotonic()  # its commit is not computing
                 total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
                 for result in results:
                     total.add(result.outcome)
@@ -268,8 +267,9 @@ def refresh_column(
         rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
         fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
         lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
-        leftover_files_removed=files_removed, load_seconds=load_seconds, compute_seconds=computing,
-        busy_seconds=progress.busy_seconds, oom_splits=fit.splits, batch_rows_that_fit=fit.rows, gpu=gpu.figures(),
+        leftover_files_removed=files_removed, load_seconds=progress.load_seconds,
+        compute_seconds=progress.computing_seconds(computed_until), busy_seconds=progress.busy_seconds,
+        oom_splits=fit.splits, batch_rows_that_fit=fit.rows, gpu=gpu.figures(), devices=visible_gpus(gpu.devices),
         batch_rows_largest=sizer.largest,
         first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
         fragments_left=sum(r.incomplete for r in results), versions_published=published,

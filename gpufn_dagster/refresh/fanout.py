@@ -34,7 +34,7 @@ from .columns import ensure_columns
 from .execute import BatchFit
 from .files import TableFiles
 from .fragments import PREFETCH, Attempt, Outcome, compute_fragments, refresh_fragment, refresh_range
-from .gpu_stats import GpuSampler
+from .gpu_stats import GpuSampler, visible_gpus
 from .lease import ColumnLease
 from .leftovers import WrittenFiles
 from .plan import FragmentWork, plan_fragments
@@ -63,6 +63,7 @@ class RefreshPlan:
     fragments: int  # fragments visited
     plan_seconds: float
     fewer_because: str = ""  # why fewer shards than asked ('' when as many)
+    started_at: float = 0.0  # when planning began (epoch seconds: shards and commit run in other processes)
 
     def summary(self) -> dict[str, Any]:
         """The plan as the run's metadata shows it."""
@@ -87,6 +88,8 @@ class ShardResult:
     busy_seconds: float
     load_seconds: float
     gpu: dict[str, float] = field(default_factory=dict)
+    first_values_at: float | None = None  # when its first computed values came back (epoch seconds)
+    devices: tuple[str, ...] = ()  # the GPUs its worker saw (none: it computed on a CPU)
 
     @property
     def rows_per_second(self) -> float:
@@ -133,7 +136,7 @@ def plan_refresh(
         >>> [shard.rows for shard in plan.shards]
         [2500, 2500, 2500, 2500]
     """
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     files = TableFiles(table_uri, storage_options)
     dataset = files.dataset()
     check_input_types(function, dataset.schema)
@@ -148,7 +151,7 @@ def plan_refresh(
     rows = sum(w.live_rows for w in work)
     return RefreshPlan(read_version=dataset.version, shards=shards, workers_asked=workers, workers=allowed,
                        gpu_budget=budget, gpus=len(shards) * function.gpu_count, rows=rows, fragments=len(work),
-                       plan_seconds=time.monotonic() - started,
+                       plan_seconds=time.monotonic() - started, started_at=started_at,
                        fewer_because=why_fewer_shards(workers, allowed, len(shards), rows, budget, function.gpu_count))
 
 
@@ -204,10 +207,13 @@ def compute_shard(
         total.add(outcome)
     if report:
         report(progress)
+    first = progress.first_values_at
     return ShardResult(index=shard.index, rows_planned=shard.rows, rows_computed=total.computed,
                        rows_failed=len(total.errors), rows_checked=progress.rows_scanned, pieces=len(tasks),
                        wall_seconds=time.monotonic() - started, compute_seconds=progress.computing_seconds(),
-                       busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures())
+                       busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures(),
+                       first_values_at=None if first is None else time.time() - (time.monotonic() - first),
+                       devices=visible_gpus(gpu.devices))
 
 
 def _compute_piece(attempt: Attempt, task: tuple[FragmentWork, Piece]) -> Outcome:

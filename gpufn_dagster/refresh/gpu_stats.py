@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 from typing import Any
 
@@ -24,6 +25,28 @@ def _visible(pynvml: Any) -> list[Any]:
         handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(item)) if item.isdigit()
                        else pynvml.nvmlDeviceGetHandleByUUID(item))
     return handles
+
+
+def _name(pynvml: Any, handle: Any) -> str:
+    try:
+        name = pynvml.nvmlDeviceGetName(handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return "NVIDIA GPU"
+
+
+def visible_gpus(sampled: tuple[str, ...]) -> tuple[str, ...]:
+    """The GPUs a worker computed on: those NVIDIA's library saw, else CUDA devices torch sees when the
+    Function loaded torch (a worker without nvidia-ml-py), else none -- it computed on a CPU."""
+    if sampled:
+        return sampled
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    except Exception:  # a broken CUDA setup computes on no GPU
+        pass
+    return ()
 
 
 class GpuSampler:
@@ -43,6 +66,7 @@ class GpuSampler:
         self._handles: list[Any] = []
         self._utilization: list[float] = []
         self._peak_memory = 0
+        self.devices: tuple[str, ...] = ()  # the GPUs this worker sees, by name ("NVIDIA H100 80GB HBM3 (0)")
 
     def __enter__(self) -> GpuSampler:
         try:
@@ -56,6 +80,7 @@ class GpuSampler:
             pynvml.nvmlShutdown()
             return self
         if self._handles:
+            self.devices = tuple(_name(pynvml, handle) for handle in self._handles)
             self._pynvml = pynvml
             self._thread = threading.Thread(target=self._run, name="gpufn-gpu-sampler", daemon=True)
             self._thread.start()

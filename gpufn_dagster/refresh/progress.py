@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 class Progress:
     """What the run log shows during a long refresh: loading the Function, then the rows.
 
-    The rate and the time left are those of computing alone: the clock starts when this attempt's
+    The rate and the time left are those of computing alone: the clock starts when the refresh's
     rows start and stops while the Function loads (a model can take longer than the rows), so the
-    first estimate is not skewed by the load.
+    first estimate is not skewed by the load. Time counts across attempts (a commit race re-plans
+    and reuses the rows already checkpointed, which rescans in no time): the figures are the
+    refresh's, not its last attempt's.
 
     >>> p = Progress(rows_to_scan=1000, started=0.0)
     >>> p.rows_scanned, p.rows_computed = 250, 200
@@ -37,9 +39,17 @@ class Progress:
     first_values_at: float | None = None  # when the first computed values came back (kept across attempts)
 
     def restart(self, rows_to_scan: int) -> None:
-        """A new attempt (after a commit race) counts from zero: the final numbers are its own."""
+        """A new attempt (after a commit race) counts its rows from zero (it rescans them all, the
+        finished ones from their checkpoints); its time goes on from the first attempt's.
+
+        >>> p = Progress(rows_to_scan=1000, started=0.0)
+        >>> p.rows_scanned, p.busy_seconds = 1000, 8.0
+        >>> p.restart(1000); p.rows_scanned = 1000
+        >>> p.rate(now=10.0), p.busy_seconds
+        (100.0, 8.0)
+        """
         self.rows_scanned = self.rows_computed = self.rows_failed = 0
-        self.rows_to_scan, self.started, self.load_seconds, self.busy_seconds = rows_to_scan, time.monotonic(), 0.0, 0.0
+        self.rows_to_scan = rows_to_scan
 
     def computing_seconds(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now

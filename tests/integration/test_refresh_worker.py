@@ -224,3 +224,92 @@ def test_the_materialization_says_when_values_came_and_how_busy_the_function_was
     assert 0.5 < found["busy_fraction"] <= 1.0  # the Function's sleep, not reading, filled the time
     assert found["batch_rows_largest"] >= 32 and "oom_splits" not in found
     assert "gpu_utilization_mean_percent" not in found  # no NVIDIA driver here: no GPU figures, no error
+
+
+def _sleepy(calls: list[float], before_call=None):
+    """A batch UDF that sleeps 30 ms a call (a stand-in for a GPU kernel), timing each call itself."""
+    def sleepy(text: pa.Array) -> pa.Array:
+        began = time.perf_counter()
+        if before_call is not None:
+            before_call(len(calls))
+        time.sleep(0.03)
+        values = pa.array([t.upper() for t in text.to_pylist()])
+        calls.append(time.perf_counter() - began)
+        return values
+    return sleepy
+
+
+def test_a_refreshs_figures_are_what_the_test_measured_even_when_it_lost_a_commit_race(db_uri):
+    """rows_per_second, busy_fraction and wall_seconds against the test's own clock, for a refresh a
+    concurrent writer made re-plan (its second attempt reuses its checkpoints in no time: its
+    figures were once that attempt's alone, 16,000 rows/s and busy 0 for a 25 rows/s model)."""
+    make_docs(db_uri, 1200)
+    uri = uri_of(db_uri)
+    calls: list[float] = []
+    raced: list[int] = []
+
+    def size(text: pa.Array) -> pa.Array:
+        return pa.array([len(t) for t in text.to_pylist()], pa.int64())
+
+    def race(call: int) -> None:  # another Function's refresh commits a rewrite of the same fragment
+        if call == 10 and not raced:
+            raced.append(refresh_column(uri, make_function(size, table="docs", column="size",
+                                                           output_type=pa.int64())).version_after)
+
+    function = make_function(_sleepy(calls, race), table="docs", column="shout", output_type=pa.string(),
+                             batch_size=20, adapt_batch_size=False, checkpoint_seconds=0)
+    began = time.perf_counter()
+    result = refresh_column(uri, function)
+    wall = time.perf_counter() - began
+    assert raced and result.rows_computed == 1200 and result.version_after > raced[0]
+    assert abs(result.wall_seconds - wall) <= 0.1 * wall
+    assert abs(result.rows_per_second - 1200 / wall) <= 0.2 * (1200 / wall), (result.rows_per_second, 1200 / wall)
+    assert abs(result.busy_fraction - sum(calls) / wall) <= 0.1, (result.busy_fraction, sum(calls) / wall)
+
+
+def test_a_fanned_out_refreshs_figures_are_the_whole_refreshs_and_each_shards(db_uri):
+    import dagster as dg
+
+    from gpufn_dagster import build_definitions, gpu_function
+
+    make_docs(db_uri, 4000)
+    calls: list[float] = []
+    asset = gpu_function(table="docs", column="shout", output_type=pa.string(), workers=2, batch_size=40,
+                         adapt_batch_size=False, gpu_class="default", checkpoint_seconds=0)(_sleepy(calls))
+    defs = build_definitions(assets=[asset], db_uri=db_uri)
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([asset], resources=defs.resources, instance=instance)
+    assert result.success
+    # The refresh's span by Dagster's own clock: the plan step's start to the commit step's end (the
+    # shards run one after the other here, in-process).
+    logs = {(e.step_key, e.dagster_event_type): e.timestamp for e in instance.all_logs(result.run_id)
+            if e.is_dagster_event}
+    wall = (logs[("docs__shout.docs__shout_commit", dg.DagsterEventType.STEP_SUCCESS)]
+            - logs[("docs__shout.docs__shout_plan", dg.DagsterEventType.STEP_START)])
+    (event,) = result.get_asset_materialization_events()
+    meta = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert meta["rows_computed"] == 4000 and meta["workers"] == 2
+    assert abs(meta["wall_seconds"] - wall) <= 0.1 * wall, (meta["wall_seconds"], wall)  # plan to commit, not the commit's
+    assert abs(meta["rows_per_second"] - 4000 / wall) <= 0.2 * (4000 / wall), (meta["rows_per_second"], 4000 / wall)
+    assert abs(meta["busy_fraction"] - sum(calls) / wall) <= 0.1, (meta["busy_fraction"], sum(calls) / wall)
+    assert meta["first_values_seconds"] < 0.5 * wall
+    # No GPU here: the shards computed on the CPU, and no GPU time is billed for them.
+    assert meta["device"] == "cpu" and meta["gpu_seconds"] == 0.0 and "cost_usd" not in meta
+    assert "no GPU was visible to the worker" in meta["gpu_billing"]
+    rows = [line.split("|")[1:-1] for line in meta["shards"].splitlines()[2:]]
+    assert [int(r[2].replace(",", "")) for r in rows] == [2000, 2000]  # each shard's rows, rate and busy share
+    assert all(abs(float(r[5]) - 1.0) <= 0.3 for r in rows), rows
+
+
+def test_a_gpu_function_that_ran_on_the_cpu_says_so_and_bills_no_gpu_time(db_uri):
+    make_docs(db_uri, 50)
+    asset = gpu_function(table="docs", column="shout", output_type=pa.string(), gpu_class="default")(
+        lambda_free_upper)
+    found = metadata(run(db_uri, asset))
+    assert found["device"] == "cpu"  # no GPU on this machine: the worker computed on its CPU
+    assert found["gpu_seconds"] == 0.0 and "cost_usd" not in found  # the class has a price; nothing is billed
+    assert found["gpu_billing"] == "no GPU was visible to the worker: it computed on the CPU, and no GPU time is billed"
+
+
+def lambda_free_upper(text: pa.Array) -> pa.Array:
+    return pa.array([t.upper() for t in text.to_pylist()])
