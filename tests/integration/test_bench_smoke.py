@@ -22,7 +22,7 @@ CASES = {
     "fanout_bench.py": (["--rows", "1200", "--workers", "1,2", "--storage-rows", "2000", "--plan-rows", "20000"],
                         "|", True),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
-    "queue_bench.py": (["--runs", "3", "--replay-runs", "30"], "|", True),
+    "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000"], "| gpufn_incremental |", False),
     "signature_bench.py": (["--rows", "1000"], "| int64 |", False),
     "worker_bench.py": (["--rows", "64", "--repeat", "1", "--big-rows", "2000"], "| engine / bare |", False),
