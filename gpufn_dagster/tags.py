@@ -30,7 +30,9 @@ CAPACITY_TAG = PREFIX + "capacity"
 CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
 WAITING_SINCE_TAG = PREFIX + "waiting-since"
 CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
-WAIT_ESTIMATE_TAG = PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate)
+WAIT_ESTIMATE_TAG = PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate); then
+# "waited 3 min" once the run got its GPUs, "ended" once it ended while waiting: never a stale estimate
+HOLDING_SINCE_TAG = PREFIX + "holding-since"  # when the run got its GPUs (its time on them counts from here)
 QUEUE_POSITION_TAG = PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
 POSITION_SAID_TAG = PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
 KUEUE_TAG = PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
@@ -140,6 +142,21 @@ def seconds_from_tag(value: str) -> float:
         return float(value)
     except ValueError:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def waited_tag(seconds: float) -> str:
+    """The wait-estimate tag of a run that got its GPUs: how long it actually waited.
+
+    >>> waited_tag(20), waited_tag(98), waited_tag(7900)
+    ('waited under a minute', 'waited 2 min', 'waited 2 h 12 min')
+    """
+    if seconds < 60:
+        return "waited under a minute"
+    minutes = round(seconds / 60)
+    return f"waited {minutes} min" if minutes < 120 else f"waited {minutes // 60} h {minutes % 60} min"
+
+
+ENDED_WAITING = "ended"  # the wait-estimate tag of a run that ended while it waited
 
 
 def waiting_since(run_tags: Mapping[str, str], now: float) -> float:

@@ -22,9 +22,9 @@ from typing import Any
 
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, POSITION_SAID_TAG,
-                    QUEUE_POSITION_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, seconds_from_tag, time_tag,
-                    waiting_since)
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, HOLDING_SINCE_TAG,
+                    POSITION_SAID_TAG, QUEUE_POSITION_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityReason,
+                    CapacityState, seconds_from_tag, time_tag, waited_tag, waiting_since)
 
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
@@ -250,10 +250,13 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     if verdict.state is CapacityState.SCHEDULED:
         if previous_state == CapacityState.SCHEDULED.value:
             return Decision(CapacityState.SCHEDULED)
-        tags = {CAPACITY_TAG: CapacityState.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value}
+        tags = {CAPACITY_TAG: CapacityState.SCHEDULED.value, CAPACITY_REASON_TAG: CapacityReason.SCHEDULED.value,
+                HOLDING_SINCE_TAG: time_tag(now)}
         if previous_state != CapacityState.WAITING.value:
             return Decision(CapacityState.SCHEDULED, tags)
         waited = now - waiting_since(previous, now)
+        if WAIT_ESTIMATE_TAG in previous:
+            tags[WAIT_ESTIMATE_TAG] = waited_tag(waited)  # the truth replaces the estimate
         return Decision(CapacityState.SCHEDULED, tags, Event(
             f"GPU capacity arrived: scheduled on node {verdict.node} after waiting {waited:.0f}s",
             {"Node": verdict.node, "Waited seconds": round(waited, 1), "GPU class": gpu_class.name}))

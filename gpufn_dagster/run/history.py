@@ -17,7 +17,8 @@ from typing import Any
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
-from ..tags import CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, WAIT_ESTIMATE_TAG, CapacityState
+from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
+                    seconds_from_tag)
 from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line
 
 
@@ -41,23 +42,35 @@ def _gpus(run: Any) -> int:
         return 1
 
 
+def _holding_since(record: Any) -> float | None:
+    """When a run got its GPUs: its holding-since tag, else (a run that never waited, from before
+    the tag) its start."""
+    value = record.dagster_run.tags.get(HOLDING_SINCE_TAG)
+    return seconds_from_tag(value) if value else record.start_time
+
+
 def class_history(instance: DagsterInstance, gpu_class: str) -> dict[str, list[float]]:
-    """Work -> durations (seconds) of the class's recent successful runs, the newest first."""
+    """Work -> durations (seconds) of the class's recent successful runs, the newest first: each run's
+    time on its GPUs (from getting them to its end), so a run that waited long does not make the
+    work look long."""
     records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.SUCCESS], tags={GPU_CLASS_TAG: gpu_class}),
                                        limit=HISTORY_RUNS * 10)
     durations: dict[str, list[float]] = defaultdict(list)
     for record in records:
-        if record.start_time and record.end_time and len(durations[work_of(record.dagster_run)]) < HISTORY_RUNS:
-            durations[work_of(record.dagster_run)].append(record.end_time - record.start_time)
+        since = _holding_since(record)
+        if since and record.end_time and len(durations[work_of(record.dagster_run)]) < HISTORY_RUNS:
+            durations[work_of(record.dagster_run)].append(max(record.end_time - since, 0.0))
     return durations
 
 
 def class_holders(instance: DagsterInstance, gpu_class: str, now: float) -> list[Holder]:
-    """The runs of the class that hold its GPUs now (started or placed, not waiting), with their age."""
-    records = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
-                                                  tags={GPU_CLASS_TAG: gpu_class}))
-    return [Holder(work_of(r.dagster_run), _gpus(r.dagster_run), now - (r.start_time or r.create_timestamp.timestamp()))
-            for r in records if r.dagster_run.tags.get(CAPACITY_TAG) != CapacityState.WAITING.value]
+    """The runs of the class that hold its GPUs now -- tagged `running` (embedded: a local slot) or
+    `scheduled` (Kubernetes: a node) -- with how long they have held them. A run just started whose
+    GPU step has not asked for its slot yet, or whose pod is not bound, holds nothing."""
+    records = instance.get_run_records(RunsFilter(
+        statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
+        tags={GPU_CLASS_TAG: gpu_class, CAPACITY_TAG: [CapacityState.RUNNING.value, CapacityState.SCHEDULED.value]}))
+    return [Holder(work_of(r.dagster_run), _gpus(r.dagster_run), now - (_holding_since(r) or now)) for r in records]
 
 
 def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any]], capacities: Mapping[str, int],

@@ -36,8 +36,8 @@ from dagster._utils.merger import merge_dicts
 from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG,
-                    PLACEMENT_REJECTED, PLACEMENT_TAG, WAITING_SINCE_TAG, CapacityReason, CapacityState, gpu_pool,
-                    pool_class, time_tag, waiting_since)
+                    HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
+                    CapacityReason, CapacityState, gpu_pool, pool_class, time_tag, waited_tag, waiting_since)
 from .capacity import past_max_wait
 from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
@@ -177,17 +177,32 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
                 if self._report_run_waits(run, run_waits, waits, classes, now):
                     still_waiting[run_id] = run
+        holding = {s.run_id for info in infos.values() for s in info.claimed_slots} - set(by_run)
+        self._tag_holders(holding, set(by_run), now)  # before the estimates: holders are what the line waits on
         self._estimate(waits, still_waiting, classes, now)
-        waited = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
-                                                    tags={CAPACITY_TAG: CapacityState.WAITING.value}))
+
+    def _tag_holders(self, holding: set[str], waiting: set[str], now: float) -> None:
+        """Tag `running` the runs whose GPU steps hold local slots (`holding`), so the runs list shows
+        who has the GPU, and the runs that waited and whose steps no longer do (not in `waiting`);
+        say on the latter's page how long they waited."""
+        waited = [r for r in self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
+                                                                tags={CAPACITY_TAG: CapacityState.WAITING.value}))
+                  if r.run_id not in waiting]
+        fresh = [r for r in self._instance.get_runs(RunsFilter(run_ids=sorted(holding)))
+                 if r.status == DagsterRunStatus.STARTED and CAPACITY_TAG not in r.tags] if holding else []
+        for run in fresh:  # got its slots without waiting
+            self._instance.add_run_tags(run.run_id, {
+                CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
+                HOLDING_SINCE_TAG: time_tag(now)})
         for run in waited:
-            if run.run_id not in by_run:
-                seconds = now - waiting_since(run.tags, now)
-                self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.RUNNING.value,
-                                                         CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value})
-                self._instance.report_engine_event(
-                    f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
-                    EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
+            seconds = now - waiting_since(run.tags, now)
+            self._instance.add_run_tags(run.run_id, {
+                CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
+                HOLDING_SINCE_TAG: time_tag(now),
+                **({WAIT_ESTIMATE_TAG: waited_tag(seconds)} if WAIT_ESTIMATE_TAG in run.tags else {})})
+            self._instance.report_engine_event(
+                f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
+                EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
 
     def _estimate(self, waits: list[StepWait], runs: Mapping[str, DagsterRun], classes: Mapping[str, GpuClass],
                   now: float) -> None:

@@ -20,7 +20,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 from ..classes import ClassesDir, cached_gpu_classes
 from ..errors import PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, K8S_CONFIG_TAG, SHARD_TAG,
-                    WAIT_ESTIMATE_TAG, CapacityReason, CapacityState, waiting_since)
+                    WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, waiting_since)
 from .placement import Placement, gpu_requests, resolve_placement
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
@@ -150,8 +150,10 @@ def release_ended_runs(instance: DagsterInstance, limit: int = 100) -> list[str]
     runs = instance.get_runs(RunsFilter(statuses=_ENDED, tags={CAPACITY_TAG: [s.value for s in _HOLDING]}),
                              limit=limit)
     for run in runs:
+        ended_waiting = run.tags.get(CAPACITY_TAG) == CapacityState.WAITING.value and WAIT_ESTIMATE_TAG in run.tags
         instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.RELEASED.value,
-                                           CAPACITY_REASON_TAG: CapacityReason.RUN_ENDED.value})
+                                           CAPACITY_REASON_TAG: CapacityReason.RUN_ENDED.value,
+                                           **({WAIT_ESTIMATE_TAG: ENDED_WAITING} if ended_waiting else {})})
     return [run.run_id for run in runs]
 
 

@@ -102,6 +102,8 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         run = instance.get_run_by_id(second)
         assert run.tags["gpufn/capacity"] == "waiting" and run.tags["gpufn/capacity-reason"] == "LocalSlotsInUse"
         assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags["gpufn/waiting-since"]
+        holder = instance.get_run_by_id(first).tags  # the runs list shows who has the GPU
+        assert (holder["gpufn/capacity"], holder["gpufn/capacity-reason"]) == ("running", "SlotAcquired")
         assert (f"Step docs__slow waits for a local GPU slot of class 'default': all 1 slot(s) in use "
                 f"(run {first[:8]} step docs__slow); first in line, 1 step(s) of the class waiting") in messages(instance, second)
         queue_pass()  # nothing changed: nothing repeated

@@ -10,7 +10,8 @@ import dagster as dg
 from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from gpufn_dagster.run.history import class_history, report_estimates
+from gpufn_dagster.run.history import class_history, class_holders, report_estimates
+from gpufn_dagster.tags import time_tag
 
 L4 = {"gpufn/gpu-class": "l4", "gpufn/gpu-count": "1"}
 
@@ -27,7 +28,8 @@ def test_waiting_runs_get_an_estimate_from_history_and_unknown_without_it():
         history = class_history(instance, "l4")
         (work, durations), = history.items()
         assert len(durations) == 2 and all(0.2 <= d < 60 for d in durations), history
-        create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED, tags=L4)  # holds the GPU
+        create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED,
+                            tags={**L4, "gpufn/capacity": "running"})  # holds the GPU
         waiting = [create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED,
                                        tags={**L4, "gpufn/capacity": "waiting"}) for _ in range(2)]
         stranger = create_run_for_test(instance, job_name="train", status=DagsterRunStatus.STARTED,
@@ -47,3 +49,49 @@ def test_waiting_runs_get_an_estimate_from_history_and_unknown_without_it():
                          reporter=type(instance))
         again = [e.message for e in instance.all_logs(waiting[1].run_id) if e.is_dagster_event and e.message]
         assert sum("] Wait estimate" in m for m in again) == 2  # unchanged since: not said again
+
+
+def test_a_run_queued_behind_does_not_move_the_estimate_of_the_run_ahead():
+    """A run just started whose GPU step has not asked for its slot yet holds no GPU: before, it
+    counted as a holder, and the run ahead's "under a minute" jumped to "about 2 min"."""
+    with instance_for_test() as instance:
+        assert dg.materialize([embedding], instance=instance, tags=L4).success
+        (work,) = class_history(instance, "l4")
+        create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED,
+                            tags={**L4, "gpufn/capacity": "running"})
+        ahead = create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED,
+                                    tags={**L4, "gpufn/capacity": "waiting"})
+        report_estimates(instance, {"l4": [ahead]}, {"l4": 1}, time.time(), reporter=type(instance))
+        before = instance.get_run_by_id(ahead.run_id).tags["gpufn/wait-estimate"]
+        create_run_for_test(instance, job_name=work, status=DagsterRunStatus.STARTED, tags=L4)  # behind, starting
+        report_estimates(instance, {"l4": [instance.get_run_by_id(ahead.run_id)]}, {"l4": 1}, time.time(),
+                         reporter=type(instance))
+        assert before == "under a minute" == instance.get_run_by_id(ahead.run_id).tags["gpufn/wait-estimate"]
+
+
+def test_a_holder_counts_from_when_it_got_its_gpus_and_history_leaves_waits_out():
+    with instance_for_test() as instance:
+        assert dg.materialize([embedding], instance=instance, tags=L4).success
+        (record,) = instance.get_run_records()
+        # It waited for its GPU until 0.1 s before its end: its work took 0.1 s, not its whole run.
+        instance.add_run_tags(record.dagster_run.run_id, {"gpufn/holding-since": time_tag(record.end_time - 0.1)})
+        (durations,) = class_history(instance, "l4").values()
+        assert len(durations) == 1 and durations[0] < record.end_time - record.start_time
+        assert durations[0] <= 1.0  # whole seconds in the tag: at most one more
+        now = time.time()
+        create_run_for_test(instance, job_name="train", status=DagsterRunStatus.STARTED,
+                                     tags={**L4, "gpufn/capacity": "running", "gpufn/holding-since": time_tag(now - 300)})
+        (held,) = class_holders(instance, "l4", now)
+        assert held.work == "train" and 299 <= held.elapsed <= 301, held  # since it got its GPU, not since created
+
+
+def test_an_estimate_tag_never_stays_on_a_run_that_ended_while_waiting():
+    from gpufn_dagster.run.shared import release_ended_runs
+
+    with instance_for_test() as instance:
+        run = create_run_for_test(instance, job_name="embed", status=DagsterRunStatus.STARTED,
+                                  tags={**L4, "gpufn/capacity": "waiting", "gpufn/wait-estimate": "about 2 min"})
+        instance.report_run_failed(run, "terminated while it waited")
+        release_ended_runs(instance)
+        tags = instance.get_run_by_id(run.run_id).tags
+        assert (tags["gpufn/capacity"], tags["gpufn/wait-estimate"]) == ("released", "ended")

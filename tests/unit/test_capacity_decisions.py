@@ -53,7 +53,11 @@ def test_a_wait_past_max_wait_fails_the_run_and_one_within_it_does_not():
 def test_capacity_arriving_says_where_and_after_how_long():
     waiting = decide(FULL, {}, L4, 1, None, NOW).tags
     arrived = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
-    assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled"}
+    assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled",
+                            "gpufn/holding-since": "2026-11-30T17:01:55Z"}  # its time on the GPU counts from here
+    estimated = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, "gpufn/wait-estimate": "about 2 min"},
+                       L4, 1, None, NOW + 98)
+    assert estimated.tags["gpufn/wait-estimate"] == "waited 2 min"  # the truth replaces the estimate
     assert arrived.event.message == "GPU capacity arrived: scheduled on node l4-1 after waiting 42s"
     assert decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
 
