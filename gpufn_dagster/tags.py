@@ -144,18 +144,6 @@ def seconds_from_tag(value: str) -> float:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def waited_tag(seconds: float) -> str:
-    """The wait-estimate tag of a run that got its GPUs: how long it actually waited.
-
-    >>> waited_tag(20), waited_tag(98), waited_tag(7900)
-    ('waited under a minute', 'waited 2 min', 'waited 2 h 12 min')
-    """
-    if seconds < 60:
-        return "waited under a minute"
-    minutes = round(seconds / 60)
-    return f"waited {minutes} min" if minutes < 120 else f"waited {minutes // 60} h {minutes % 60} min"
-
-
 ENDED_WAITING = "ended"  # the wait-estimate tag of a run that ended while it waited
 
 

@@ -24,7 +24,8 @@ from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, HOLDING_SINCE_TAG,
                     POSITION_SAID_TAG, QUEUE_POSITION_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityReason,
-                    CapacityState, seconds_from_tag, time_tag, waited_tag, waiting_since)
+                    CapacityState, seconds_from_tag, time_tag, waiting_since)
+from .estimate import waited_tag
 
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)

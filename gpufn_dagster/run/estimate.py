@@ -83,6 +83,15 @@ def _minutes(seconds: float) -> str:
     return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
 
 
+def waited_tag(seconds: float) -> str:
+    """The wait-estimate tag of a run that got its GPUs: how long it actually waited.
+
+    >>> waited_tag(20), waited_tag(98)
+    ('waited under a minute', 'waited 2 min')
+    """
+    return f"waited {_minutes(seconds)}"
+
+
 def estimate_wait(state: QueueState, history: Mapping[str, Sequence[float]]) -> Estimate:
     """When the waiting run should start: the class's GPUs replayed over the runs that hold them and
     the runs ahead, each for its typical duration (`history`: work -> recent durations in seconds).
