@@ -34,7 +34,7 @@ _STATUS_MEANING = {
     400: "the API server refused the Job as malformed",
     401: "the launcher's credentials were not accepted",
     403: "the launcher's service account may not create Jobs in this namespace",
-    404: "it was not found",  # the API's own message says what: the namespace, the Job, ...
+    404: "what it names does not exist",  # `_missing` says what, from the API's answer
     409: "a Job with this run's name already exists (this run was launched before)",
     422: "the API server refused a field of the Job",
 }
@@ -123,6 +123,22 @@ def answered_status(err: BaseException) -> int | None:
     return answer.status if answer is not None else None
 
 
+def _missing(answer: kubernetes.client.ApiException) -> str | None:
+    """What a 404 says is missing, from the API's own details: "the namespace 'x' does not exist".
+
+    >>> e = kubernetes.client.ApiException(status=404)
+    >>> e.body = '{"details": {"name": "dagster-run-1", "kind": "jobs"}, "code": 404}'
+    >>> _missing(e)
+    "the Job 'dagster-run-1' does not exist"
+    """
+    try:
+        details = json.loads(answer.body)["details"]
+        kind = {"jobs": "Job", "namespaces": "namespace", "pods": "pod"}.get(details["kind"], details["kind"])
+        return f"the {kind} {details['name']!r} does not exist"
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
 def _message(answer: kubernetes.client.ApiException) -> str:
     """The API server's own message (it names the refused field: `spec.containers[0]...: Invalid value`)."""
     try:
@@ -139,7 +155,8 @@ def api_error(err: BaseException, doing: str, where: str, *,
     (the API host), followed by what the person should do in either case."""
     answer = _answer(err)
     if answer is not None and 400 <= answer.status < 500:
-        meaning = _STATUS_MEANING.get(answer.status, "the API server refused the request")
+        meaning = (answer.status == 404 and _missing(answer)) or _STATUS_MEANING.get(
+            answer.status, "the API server refused the request")
         return KubernetesRejected(f"could not {doing}: {where} answered {answer.status}: {meaning}: "
                                   f"{_message(answer)}. {when_rejected}")
     detail = _message(answer) if answer is not None else (

@@ -400,8 +400,8 @@ def test_api_errors_keep_dagster_k8s_exceptions_for_cpu_runs_and_are_explained_f
     with instance_for_test(overrides=overrides) as instance:
         gpu_text = _launch_error_text(instance, materialize(instance, "frames__emb_l4"))
         assert "KubernetesRejected" in gpu_text and "KubernetesUnavailable" not in gpu_text
-        assert f"the Kubernetes API at {host} (namespace 'no-such-namespace') answered 404: the namespace does not " \
-               "exist" in gpu_text
+        assert f"the Kubernetes API at {host} (namespace 'no-such-namespace') answered 404: the namespace " \
+               "'no-such-namespace' does not exist" in gpu_text
         assert "Re-executing the run will not help" in gpu_text
         cpu_text = _launch_error_text(instance, materialize(instance, "frames__words"))
         assert "KubernetesUnavailable" not in cpu_text and "KubernetesRejected" not in cpu_text
