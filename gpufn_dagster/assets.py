@@ -11,6 +11,7 @@ the asset and no registry outside the definitions can go stale or be silently re
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
@@ -69,9 +70,44 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
     }
 
 
+def run_config_schema(function: Function) -> dict[str, dg.Field]:
+    """What a run may change of a one-worker Function (the Launchpad's `ops: <name>: config:`): only
+    what changes no computed value and no placement, so a run can never make rows current under a
+    version they were not computed with, or a pod the launcher did not place. GPU class and count,
+    inputs, output and version are the definition's (they decide placement or values); `workers` is
+    the asset's shape (a Function declared with workers > 1 takes it on its plan step). Any other
+    key is refused before the run starts, naming the Function's op and the key."""
+    return {
+        "on_error": dg.Field(dg.Enum("OnError", [dg.EnumValue("fail"), dg.EnumValue("skip")]),
+                             default_value=function.on_error, description=(
+                                 "'fail' stops at the first failing row; 'skip' leaves it NULL and records it "
+                                 "in gpufn_errors (computed values do not depend on it).")),
+        "batch_size": dg.Field(int, default_value=function.max_batch_size, description=(
+            "The most rows one call takes this run (the model's, device's or API's limit).")),
+        "checkpoint_seconds": dg.Field(float, default_value=function.checkpoint_seconds, description=(
+            "How much work a killed refresh may repeat, in seconds (0: checkpoint every call).")),
+        "publish_every_rows": dg.Field(dg.Noneable(int), default_value=function.publish_every_rows, description=(
+            "Publish finished fragments in an intermediate table version whenever this many rows are done.")),
+    }
+
+
+def for_this_run(function: Function, config: Mapping[str, Any]) -> Function:
+    """The Function with the run's config applied (its version, which no such field changes, kept)."""
+    batch_size = int(config.get("batch_size", function.max_batch_size))
+    if batch_size < 1 or (config.get("checkpoint_seconds", 0) or 0) < 0 or (config.get("publish_every_rows") or 1) < 1:
+        raise FunctionDefinitionError(
+            f"Function {function.name!r}: run config: batch_size and publish_every_rows must be at least 1 and "
+            f"checkpoint_seconds not negative, got {dict(config)}")
+    return replace(function, on_error=config.get("on_error", function.on_error),
+                   max_batch_size=batch_size, batch_size=min(function.batch_size, batch_size),
+                   checkpoint_seconds=float(config.get("checkpoint_seconds", function.checkpoint_seconds)),
+                   publish_every_rows=config.get("publish_every_rows", function.publish_every_rows))
+
+
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
                  class_now: ClassNow) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
+    function = for_this_run(function, context.op_execution_context.op_config or {})
     gpu_class = class_now()
     with step_slot(context, gpu_class, function.gpu_count):
         return _refresh_once(context, lancedb, function, gpu_class)
@@ -158,6 +194,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
         description=function.description,
         group_name=function.group_name,
         metadata=metadata,
+        config_schema=run_config_schema(function),
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         return _materialize(context, lancedb, function, class_now)

@@ -85,6 +85,7 @@ def _shard_op(function: Function, class_now: ClassNow, op_tags: dict[str, str],
         ins={"shard": dg.In(Shard), "plan": dg.In(RefreshPlan)},
         out=dg.Out(ShardResult, io_manager_key=STEP_OUTPUTS_KEY),
         tags={**op_tags, SHARD_TAG: function.name},
+        config_schema={},  # nothing per run: the plan step takes `workers`; any key here is refused
         pool=pool,
         retry_policy=dg.RetryPolicy(max_retries=SHARD_RETRIES, delay=1),
         description=f"Compute one shard of {function.name} on its own GPU worker.",
@@ -116,6 +117,7 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
         ins={"plan": dg.In(RefreshPlan), "results": dg.In(list[ShardResult])},
         out=dg.Out(dg.Nothing),
         tags={GPU_COUNT_TAG: "0"},
+        config_schema={},
         description=f"Join the shards of {function.name} and commit them as one table version.",
     )
     def commit(context: dg.OpExecutionContext, lancedb: LanceDBResource, plan: RefreshPlan,

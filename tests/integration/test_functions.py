@@ -198,3 +198,32 @@ def test_switching_the_error_policy_recomputes_nothing(db_uri):
     calls.clear()
     result = materialize(db_uri, gpu_function(table="items", column="t", on_error="skip")(tracked))
     assert result.success and calls == []
+
+
+def test_the_launchpad_takes_only_what_may_change_per_run_and_refuses_the_rest_by_name(db_uri):
+    make_table(db_uri, 300)
+    sizes: list[int] = []
+
+    def batch_upper(text: pa.Array) -> pa.Array:
+        sizes.append(len(text))
+        return pa.array([t.upper() for t in text.to_pylist()])
+
+    asset = gpu_function(table="items", column="shout", inputs=["text"], output_type=pa.string(), gpu=True,
+                         batch_size=64)(batch_upper)
+    defs = build_definitions(assets=[asset], db_uri=db_uri)
+    job = defs.resolve_implicit_global_asset_job_def()
+    fields = job.run_config_schema.config_type.fields["ops"].config_type.fields["items__shout"].config_type.fields
+    config_fields = fields["config"].config_type.fields
+    assert sorted(config_fields) == ["batch_size", "checkpoint_seconds", "on_error", "publish_every_rows"]
+    assert all(f.description for f in config_fields.values())  # the Launchpad documents each
+
+    with pytest.raises(dg.DagsterInvalidConfigError) as err:  # once accepted as "No errors", run with 1 GPU
+        dg.materialize([asset], resources=defs.resources, instance=dg.DagsterInstance.ephemeral(),
+                       run_config={"ops": {"items__shout": {"config": {"gpu_count": 2}}}})
+    assert 'unexpected config entry "gpu_count" at path root:ops:items__shout:config' in str(err.value)
+
+    result = dg.materialize([asset], resources=defs.resources, instance=dg.DagsterInstance.ephemeral(),
+                            run_config={"ops": {"items__shout": {"config": {"batch_size": 16}}}})
+    assert result.success and sum(sizes) == 300 and max(sizes) == 16  # this run's ceiling, not the definition's 64
+    (event,) = result.get_asset_materialization_events()
+    assert event.materialization.metadata["function_version"].value == function_of(asset).version  # values unchanged
