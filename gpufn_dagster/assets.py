@@ -8,8 +8,10 @@ dagster-sling carry their manifest and translator), so `function_of(asset)` read
 the asset and no registry outside the definitions can go stale or be silently replaced.
 """
 
+import inspect
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -52,7 +54,37 @@ def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClas
     return gpu_class
 
 
-def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, Any]:
+def _code_references(function: Function) -> dict[str, Any]:
+    """`dagster/code_references`: the Function's source file and line, as the asset page links them."""
+    try:
+        file = inspect.getsourcefile(function.target)
+        _, line = inspect.getsourcelines(function.target)
+    except (OSError, TypeError):  # a builtin, or code without a file
+        return {}
+    if file is None:
+        return {}
+    return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[
+        dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line, label=function.target.__qualname__)])}
+
+
+def _column_schema(function: Function) -> dg.TableSchema:
+    """`dagster/column_schema` of what the Function writes: its output column(s), typed as in the table."""
+    source = f"computed by {function.name} from {', '.join(function.inputs)}"
+    return dg.TableSchema(columns=[dg.TableColumn(f.name, str(f.type), description=source)
+                                   for f in function.output_fields])
+
+
+def _class_metadata(gpu_class: GpuClass | None) -> dict[str, Any]:
+    """The class's hardware, as the asset page shows it beside the class name."""
+    if gpu_class is None:
+        return {}
+    return {"gpu_model": gpu_class.gpu_model, "gpu_memory_gib": round(gpu_class.gpu_memory_bytes / 2**30, 1),
+            "local_slots": gpu_class.local.slots,
+            **({"price_per_gpu_hour": dg.FloatMetadataValue(gpu_class.price_per_gpu_hour)}
+               if gpu_class.price_per_gpu_hour is not None else {})}
+
+
+def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuClass | None = None) -> dict[str, Any]:
     """What the asset page shows about the Function, plus the spec itself under its key."""
     return {
         "table": function.table,
@@ -65,6 +97,9 @@ def _asset_metadata(function: Function, declared_in: str | None) -> dict[str, An
         "on_error": function.on_error,
         **({"workers": function.workers} if function.workers > 1 else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
+        **_class_metadata(gpu_class),
+        "dagster/column_schema": _column_schema(function),
+        **({} if declared_in else _code_references(function)),  # a YAML Function's page links its defs.yaml
         **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),
         FUNCTION_METADATA_KEY: ObjectMetadataValue(function),
     }
@@ -168,7 +203,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
                 raise
             return gpu_class  # the files broke after the code loaded: a started step keeps the class it had
 
-    metadata = _asset_metadata(function, declared_in)
+    metadata = _asset_metadata(function, declared_in, gpu_class)
     if upstream:
         metadata[READS_METADATA_KEY] = ObjectMetadataValue(tuple(upstream.values()))
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}

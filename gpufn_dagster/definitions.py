@@ -73,6 +73,15 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
     return out
 
 
+def with_table_uri(asset: Any, db_uri: str) -> Any:
+    """A Function asset with the URI of its table (`table_uri`) on its page; other assets as they are."""
+    function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
+    if function is None:
+        return asset
+    uri = f"{db_uri.rstrip('/')}/{function.table}.lance"
+    return asset.map_asset_specs(lambda spec: spec.replace_attributes(metadata={**spec.metadata, "table_uri": uri}))
+
+
 def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
     """Every Function's table exists (or an asset here produces it) and has the Function's inputs
     (or another Function here computes them), each of a type that can be an input."""
@@ -144,7 +153,7 @@ def build_definitions(
     database = LanceDBResource(uri=db_uri or default_db_uri(), storage_options=dict(storage_options or {}))
     check_tables(assets, database)
     return dg.Definitions(
-        assets=chain_functions(assets),
+        assets=[with_table_uri(asset, database.uri) for asset in chain_functions(assets)],
         asset_checks=list(asset_checks),
         schedules=list(schedules),
         sensors=list(sensors),

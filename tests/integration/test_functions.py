@@ -227,3 +227,24 @@ def test_the_launchpad_takes_only_what_may_change_per_run_and_refuses_the_rest_b
     assert result.success and sum(sizes) == 300 and max(sizes) == 16  # this run's ceiling, not the definition's 64
     (event,) = result.get_asset_materialization_events()
     assert event.materialization.metadata["function_version"].value == function_of(asset).version  # values unchanged
+
+
+def gpu_shout(text: str) -> str:
+    return text.upper()
+
+
+def test_a_gpu_functions_asset_page_shows_its_class_hardware_table_columns_and_source(db_uri):
+    import inspect
+
+    make_table(db_uri)
+    asset = gpu_function(table="items", column="shout", gpu_class="a100-80gb")(gpu_shout)
+    defs = build_definitions(assets=[asset], db_uri=db_uri)
+    spec = next(iter(defs.resolve_all_asset_specs()))
+    meta = spec.metadata
+    assert (meta["gpu_model"], meta["gpu_memory_gib"]) == ("NVIDIA-A100-SXM4-80GB", 80.0)
+    assert meta["local_slots"] == 1 and meta["price_per_gpu_hour"].value > 0
+    assert meta["table_uri"] == f"{db_uri}/items.lance"
+    (column,) = meta["dagster/column_schema"].columns
+    assert (column.name, column.type) == ("shout", "string") and "from text" in column.description
+    (reference,) = meta["dagster/code_references"].code_references
+    assert reference.file_path == __file__ and reference.line_number == inspect.getsourcelines(gpu_shout)[1]
