@@ -221,10 +221,26 @@ def table_sensor(
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",
                                         tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)})],
+            asset_events=_table_changed(context, _resolved(context, targets), table, dataset) if base >= 0 else [],
             cursor=str(version),
         )
 
     return _sensor
+
+
+def _table_changed(context: dg.SensorEvaluationContext, targets: Sequence[dg.AssetsDefinition | str], table: str,
+                   dataset: lance.LanceDataset) -> list[dg.AssetMaterialization]:
+    """The table's new rows, reported on the asset that produces it: someone outside Dagster (an append,
+    an update) changed it, so its page shows the table's row count and version now, and the
+    Functions computed from it show as stale until their refresh."""
+    sources = {dg.AssetKey(f.source_asset) for t in targets if isinstance(t, dg.AssetsDefinition)
+               and (f := function_of(t)) is not None and f.table == table}
+    known = context.repository_def.assets_defs_by_key if context.repository_def is not None else {}
+    rows = dataset.count_rows()
+    return [dg.AssetMaterialization(asset_key=key, description=f"table {table!r} changed outside Dagster: "
+                                    f"{rows:,} rows at version {dataset.version}",
+                                    metadata={"dagster/row_count": rows, "table_version": dataset.version})
+            for key in sorted(sources, key=lambda k: k.to_user_string()) if not known or key in known]
 
 
 def unfilled_rows_sensor(

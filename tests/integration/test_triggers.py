@@ -69,6 +69,10 @@ def test_sensor_requests_one_run_per_new_version_and_skips_its_own_refreshes(db_
         version = lancedb.connect(db_uri).open_table("docs").version
         assert [r.run_key for r in second.run_requests] == [f"docs@v{version}"]
         assert second.cursor == str(version)
+        # The table's own asset follows the table: its row count and version as they are now.
+        (changed,) = second.asset_events
+        assert changed.asset_key == dg.AssetKey("docs")
+        assert (changed.metadata["dagster/row_count"].value, changed.metadata["table_version"].value) == (20, version)
         restarted = evaluate(table_sensor("docs", [upper_asset]), instance, db_uri, second.cursor)
         assert not restarted.run_requests
 
