@@ -20,7 +20,7 @@ ERRORS_TABLE = "gpufn_errors"
 # `retried` says the row had failed in an earlier refresh.
 ERRORS_SCHEMA = pa.schema([
     ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
-    ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()),
+    ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()), ("row_id", pa.uint64()),
     ("error", pa.string()), ("traceback", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
     ("retried", pa.bool_()), ("outcome", pa.string()),
 ])
@@ -33,7 +33,7 @@ def record_errors(lancedb: LanceDBResource, function: Function, result: RefreshR
     common = {"function": function.name, "table": function.table, "columns": ",".join(function.columns),
               "function_version": function.version, "run_id": run_id, "recorded_at": now}
     rows = pa.Table.from_pylist(
-        [{**common, "row_address": e.row_address, "error": e.error, "traceback": e.traceback, "retried": e.retried,
+        [{**common, "row_address": e.row_address, "row_id": e.row_id, "error": e.error, "traceback": e.traceback, "retried": e.retried,
           "outcome": "failed"} for e in result.errors]
         + [{**common, "row_address": address, "retried": True, "outcome": "succeeded"} for address in result.recovered],
         schema=ERRORS_SCHEMA)

@@ -31,6 +31,47 @@ class RowError:
     error: str
     traceback: str
     retried: bool = False  # the row had failed in an earlier refresh too
+    row_id: int | None = None  # its stable row id (None: recorded by an earlier release)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows of one call, for naming a row that fails: physical addresses and stable row ids
+    (what a user can look up: `table.search().where("_rowid = 42")`, or by its values).
+
+    >>> import numpy as np
+    >>> rows = Rows(np.array([4294969296], dtype=np.uint64), np.array([1234], dtype=np.uint64))
+    >>> rows.name(0, pa.record_batch({"text": ["a very long document " * 5]}))
+    "row id 1234 (fragment 1, offset 2000; text='a very long document a very long document a very long docu…)"
+    """
+
+    addresses: Any  # a numpy array (or a sequence) of row addresses
+    ids: Any = None  # the same rows' stable row ids (None: unknown)
+
+    def __getitem__(self, part: slice) -> Rows:
+        return Rows(self.addresses[part], None if self.ids is None else self.ids[part])
+
+    def address(self, i: int) -> int:
+        return int(self.addresses[i])
+
+    def row_id(self, i: int) -> int | None:
+        return None if self.ids is None else int(self.ids[i])
+
+    def name(self, i: int, inputs: pa.RecordBatch) -> str:
+        """'row id 1234 (fragment 1, offset 2000; text='first 60 characters…')': the first input values shortened."""
+        address = self.address(i)
+        values = "; ".join(f"{name}={_short(inputs.column(name)[i].as_py())}" for name in inputs.schema.names[:2])
+        where = f"fragment {address >> 32}, offset {address & 0xFFFFFFFF}" + (f"; {values}" if values else "")
+        row_id = self.row_id(i)
+        return f"row id {row_id} ({where})" if row_id is not None else f"row address {address} ({where})"
+
+    def error(self, i: int, message: str, trace: str) -> RowError:
+        return RowError(self.address(i), message, trace, row_id=self.row_id(i))
+
+
+def _short(value: Any, most: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 @dataclass
@@ -86,30 +127,31 @@ def _call_batch(call: Callable[..., Any], function: Function, inputs: pa.RecordB
     return _to_array(result, function.output_type, inputs.num_rows)
 
 
-def _in_parts(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int],
+def _in_parts(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, rows: Rows,
               fit: BatchFit | None, size: int) -> tuple[pa.Array, list[RowError]]:
     values: list[pa.Array] = []
     errors: list[RowError] = []
     for start in range(0, inputs.num_rows, size):
-        value, part_errors = call_function(call, function, inputs.slice(start, size),
-                                           row_addresses[start:start + size], fit)
+        value, part_errors = call_function(call, function, inputs.slice(start, size), rows[start:start + size], fit)
         values.append(value)
         errors.extend(part_errors)
     return pa.concat_arrays(values), errors
 
 
 def call_function(
-    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, row_addresses: Sequence[int],
+    call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, rows: Rows | Sequence[int],
     fit: BatchFit | None = None,
 ) -> tuple[pa.Array, list[RowError]]:
     """Values for each input row, and the rows that failed (only under on_error='skip').
 
-    `row_addresses` (a numpy array is fine) is only read when a row fails. `fit` carries what
-    out-of-memory splits taught earlier calls of the same refresh (see the module's docstring).
+    `rows` (their addresses and stable ids; a plain sequence of addresses is fine) is only read
+    when a row fails, to name it. `fit` carries what out-of-memory splits taught earlier calls of
+    the same refresh (see the module's docstring).
     """
+    rows = rows if isinstance(rows, Rows) else Rows(rows)
     if function.call_style is not CallStyle.ROW:
         if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
-            return _in_parts(call, function, inputs, row_addresses, fit, fit.rows)
+            return _in_parts(call, function, inputs, rows, fit, fit.rows)
         try:
             return _call_batch(call, function, inputs), []
         except Exception as err:
@@ -117,18 +159,17 @@ def call_function(
             if oom:
                 _release_device_memory()
                 if inputs.num_rows > 1:
-                    return _in_parts(call, function, inputs, row_addresses, fit,
-                                     (fit or BatchFit()).split(inputs.num_rows))
-            what = (f"ran out of device memory on a single row (address {int(row_addresses[0])})" if oom
-                    else f"failed on a batch of {inputs.num_rows} rows")
+                    return _in_parts(call, function, inputs, rows, fit, (fit or BatchFit()).split(inputs.num_rows))
+            what = (f"ran out of device memory on a single row, {rows.name(0, inputs)}" if oom
+                    else f"failed on a batch of {inputs.num_rows} rows" if inputs.num_rows > 1
+                    else f"failed on {rows.name(0, inputs)}")
             if function.on_error == "fail":
                 raise FunctionFailed(f"Function {function.name!r} {what}: {err!r}") from err
             if inputs.num_rows == 1:
                 message = f"{what}: {err!r}" if oom else repr(err)
-                return pa.nulls(1, function.output_type), [
-                    RowError(int(row_addresses[0]), message, traceback.format_exc())]
+                return pa.nulls(1, function.output_type), [rows.error(0, message, traceback.format_exc())]
         # Under "skip", pin a batch's failure on the rows that caused it: each row on its own.
-        return _in_parts(call, function, inputs, row_addresses, fit, 1)
+        return _in_parts(call, function, inputs, rows, fit, 1)
 
     columns = [inputs.column(name).to_pylist() for name in function.inputs]
     out: list[Any] = []
@@ -138,17 +179,16 @@ def call_function(
             out.append(call(**dict(zip(function.inputs, args, strict=True))))
         except Exception as err:
             if function.on_error == "fail":
-                raise FunctionFailed(
-                    f"Function {function.name!r} failed on row address {int(row_addresses[i])}: {err!r}") from err
+                raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}: {err!r}") from err
             out.append(None)
-            errors.append(RowError(int(row_addresses[i]), repr(err), traceback.format_exc()))
+            errors.append(rows.error(i, repr(err), traceback.format_exc()))
     try:
         return _to_array(out, function.output_type, inputs.num_rows), errors
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return _convert_rows(function, out, row_addresses, errors)
+        return _convert_rows(function, out, inputs, rows, errors)
 
 
-def _convert_rows(function: Function, out: list[Any], row_addresses: Sequence[int],
+def _convert_rows(function: Function, out: list[Any], inputs: pa.RecordBatch, rows: Rows,
                   errors: list[RowError]) -> tuple[pa.Array, list[RowError]]:
     """Convert each returned value on its own, so a value of the wrong type fails its row alone
     (under the error policy), naming the Function, the row and the types."""
@@ -157,10 +197,10 @@ def _convert_rows(function: Function, out: list[Any], row_addresses: Sequence[in
         try:
             values.append(pa.array([value], type=function.output_type))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
-            message = (f"Function {function.name!r} returned {value!r} ({type(value).__name__}) for row address "
-                       f"{int(row_addresses[i])}, which is not a {function.output_type}: {err}")
+            message = (f"Function {function.name!r} returned {value!r} ({type(value).__name__}) for "
+                       f"{rows.name(i, inputs)}, which is not a {function.output_type}: {err}")
             if function.on_error == "fail":
                 raise FunctionFailed(message) from err
             values.append(pa.nulls(1, function.output_type))
-            errors.append(RowError(int(row_addresses[i]), message, traceback.format_exc()))
+            errors.append(rows.error(i, message, traceback.format_exc()))
     return (pa.concat_arrays(values) if values else pa.array([], function.output_type)), errors

@@ -37,12 +37,12 @@ from ..errors import RefreshStopped
 from ..functions import Function
 from .batches import BatchSizer
 from .checkpoint import CheckpointStore
-from .execute import BatchFit, RowError, call_function
+from .execute import BatchFit, RowError, Rows, call_function
 from .files import TableFiles
 from .leftovers import WrittenFiles
 from .plan import FragmentWork, field_ids
 from .progress import Progress
-from .reads import ADDRESS, READ_ROWS, cut_calls, live_offset, read_windows
+from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .write import FragmentFileWriter, align_to_physical, data_file_name
@@ -108,7 +108,7 @@ class Attempt:
         self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
         self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
 
-    def submit(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> Future[tuple[pa.Array, list[RowError]]]:
+    def submit(self, inputs: pa.RecordBatch, addresses: Rows) -> Future[tuple[pa.Array, list[RowError]]]:
         """Hand a batch to the model thread; its values come back through the future."""
         if self.model is not None:
             return self.model.submit(self.compute, inputs, addresses)
@@ -119,7 +119,7 @@ class Attempt:
             done.set_exception(err)
         return done
 
-    def compute(self, inputs: pa.RecordBatch, addresses: np.ndarray) -> tuple[pa.Array, list[RowError]]:
+    def compute(self, inputs: pa.RecordBatch, addresses: Rows) -> tuple[pa.Array, list[RowError]]:
         if self.stop.is_set():
             raise RefreshStopped
         with self.call_lock:
@@ -200,7 +200,8 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _S
         inputs = batch.select(list(function.inputs))
         if len(stale_idx) < batch.num_rows:
             inputs = inputs.take(pa.array(stale_idx))
-        values = attempt.submit(inputs, addresses[stale_idx])
+        ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
+        values = attempt.submit(inputs, Rows(addresses[stale_idx], None if ids is None else ids[stale_idx]))
     return _Staged(batch, addresses, (addresses & 0xFFFFFFFF).astype(np.int64), start, now, stale_idx, retried, values)
 
 
@@ -228,7 +229,8 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
         failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
         now[failed] = FAILED
         was_failed = {int(a) for a in addresses[retried]}
-        outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed)
+        outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed,
+                                   row_id=e.row_id)
                           for e in errors]
         outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
         # Only stale rows get a new signature; one that failed again keeps the FAILED it had.

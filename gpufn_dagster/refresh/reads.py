@@ -21,6 +21,7 @@ import pyarrow as pa
 from ..errors import RefreshStopped
 
 ADDRESS = "_rowaddr"
+ROW_ID = "_rowid"  # the stable row id, read beside the address to name a failing row
 READ_ROWS = 1024  # rows read at once (or the first call's size when larger)
 READ_WINDOW_BYTES = 16 << 20  # the most data one scan window covers
 
@@ -43,7 +44,7 @@ def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_ro
     window = read_rows
     while True:
         got = nbytes = 0
-        for batch in fragment.scanner(columns=columns, batch_size=read_rows, with_row_address=True,
+        for batch in fragment.scanner(columns=columns, batch_size=read_rows, with_row_address=True, with_row_id=True,
                                       offset=offset, limit=window).to_batches():
             if stop.is_set():
                 raise RefreshStopped

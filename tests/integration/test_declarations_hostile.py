@@ -82,13 +82,14 @@ def test_a_value_of_the_wrong_type_fails_its_row_alone(db_uri):
     assert values[7] is None and values[17] is None and values[8] == 5
     errors = lancedb.connect(db_uri).open_table(ERRORS_TABLE).to_arrow().to_pylist()
     assert len(errors) == 3  # doc 7, 17, 27
-    assert "Function 'docs__n' returned 'seven' (str) for row address 7, which is not a int64" in errors[0]["error"]
+    assert "Function 'docs__n' returned 'seven' (str) for row id 7 (fragment 0, offset 7; text='doc 7'), which is not " \
+           "a int64" in errors[0]["error"]
 
     failing = gpu_function(table="docs", column="m", on_error="fail")(seven)
     run = dg.materialize([failing], resources=defs.resources, instance=dg.DagsterInstance.ephemeral(),
                          raise_on_error=False)
     error = run.get_step_failure_events()[0].step_failure_data.error.cause
-    assert "returned 'seven' (str) for row address 7, which is not a int64" in error.message
+    assert "returned 'seven' (str) for row id 7 (fragment 0, offset 7; text='doc 7'), which is not a int64" in error.message
 
 
 def test_a_concurrent_compaction_is_retried_as_a_race(db_uri):

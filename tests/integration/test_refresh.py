@@ -161,7 +161,7 @@ def test_fail_policy_fails_the_run_and_leaves_the_table_alone(db_uri):
     assert not result.success
     failure = result.get_step_failure_events()[0].step_failure_data.error.cause
     assert failure.cls_name == "FunctionFailed"
-    assert "failed on row address 3" in failure.message and "cannot shout 'doc 3'" in failure.message
+    assert "failed on row id 3 (fragment 0, offset 3; text='doc 3')" in failure.message and "cannot shout 'doc 3'" in failure.message
     table = open_table(db_uri)
     assert table.version == version + 1  # only the (all-NULL) column was declared; no values committed
     assert table.count_rows("shout2 IS NOT NULL") == 0

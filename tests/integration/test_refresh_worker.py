@@ -94,7 +94,7 @@ def test_a_single_row_that_never_fits_fails_alone_under_skip_and_is_named_under_
     assert values(db_uri)[7] is None and values(db_uri)[8] == "DOC 8"
 
     fail = make_function(huge_doc_7, table="docs", column="shout2", output_type=pa.string(), batch_size=16)
-    with pytest.raises(FunctionFailed, match=r"ran out of device memory on a single row \(address 7\)"):
+    with pytest.raises(FunctionFailed, match=r"ran out of device memory on a single row, row id 7 \(fragment 0, offset 7; text='doc 7'\)"):
         refresh_column(uri_of(db_uri), fail)
 
 
@@ -313,3 +313,22 @@ def test_a_gpu_function_that_ran_on_the_cpu_says_so_and_bills_no_gpu_time(db_uri
 
 def lambda_free_upper(text: pa.Array) -> pa.Array:
     return pa.array([t.upper() for t in text.to_pylist()])
+
+
+def test_a_failing_row_is_named_by_its_stable_row_id_and_its_values_not_only_its_address(db_uri):
+    make_docs(db_uri, 10)
+    make_docs(db_uri, 10, start=10)  # a second fragment: its rows' addresses are 2**32 + offset
+
+    def fragile(text: str) -> str:
+        if text == "doc 15":
+            raise ValueError("cannot shout")
+        return text.upper()
+
+    with pytest.raises(FunctionFailed) as err:
+        refresh_column(uri_of(db_uri), make_function(fragile, table="docs", column="shout"))
+    assert "failed on row id 15 (fragment 1, offset 5; text='doc 15'): ValueError('cannot shout')" in str(err.value)
+    assert "4294967301" not in str(err.value)  # the physical address, which a user cannot look up
+    asset = gpu_function(table="docs", column="shout2", on_error="skip")(fragile)
+    run(db_uri, asset)
+    (row,) = lancedb.connect(db_uri).open_table("gpufn_errors").to_arrow().to_pylist()
+    assert (row["row_id"], row["row_address"]) == (15, 2**32 + 5)
