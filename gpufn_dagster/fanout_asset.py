@@ -167,8 +167,9 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
     for name in ("gpu_seconds", "cost_usd", "gpu_billing"):
         metadata.pop(name, None)
     on_gpu = [s for s in shards if s.devices]
-    metadata.update(gpu_billing(function, gpu_class, sum(s.wall_seconds for s in on_gpu) * function.gpu_count,
-                                bool(on_gpu) or not shards))
+    if shards:
+        metadata.update(gpu_billing(function, gpu_class, float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count,
+                                    bool(on_gpu)))
     metadata.update(plan.summary())
     metadata["fragments_left_for_next_refresh"] = result.fragments_left
     metadata["shards"] = dg.MarkdownMetadataValue("\n".join(

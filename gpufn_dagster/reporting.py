@@ -78,7 +78,8 @@ def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: flo
         return {}
     if not on_gpu:
         return {"gpu_class": gpu_class.name, "gpu_seconds": dg.FloatMetadataValue(0.0), "gpu_billing": NO_GPU_BILLED}
-    billed: dict[str, Any] = {"gpu_class": gpu_class.name, "gpu_seconds": dg.FloatMetadataValue(round(gpu_seconds, 3))}
+    billed: dict[str, Any] = {"gpu_class": gpu_class.name,
+                              "gpu_seconds": dg.FloatMetadataValue(round(float(gpu_seconds), 3))}
     if gpu_class.price_per_gpu_hour is not None:
         billed["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
     return billed
