@@ -88,21 +88,23 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             classes = cached_gpu_classes(self._classes_dir)
         except GpuClassError:
             return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, HELD_BY_INVALID_CLASSES])
-        self._release_held(config)
+        self._release_held()
         if self._instance.event_log_storage.supports_global_concurrency_limits:
             self._sync_pool_limits(classes.values())
             self._report_waits(classes, time.time())
         return config
 
-    def _release_held(self, config: Any) -> None:
+    def _release_held(self) -> None:
         """Place the runs held while the class files did not load (or fail those that cannot be placed)."""
         held = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
                                                   tags={CAPACITY_REASON_TAG: CapacityReason.CLASSES_INVALID.value}))
         for run in held:
             try:
-                self._placed(run, class_placements(self._instance, run, self._classes_dir))
+                placed = self._placed(run, class_placements(self._instance, run, self._classes_dir))
             except (GpuClassError, PlacementError) as err:
                 self._instance.report_run_failed(run, f"GPU run not started: {err}")
+                continue
+            if placed.status == DagsterRunStatus.FAILURE:  # it can never get its slots here: said on its page
                 continue
             self._instance.add_run_tags(run.run_id, {CAPACITY_REASON_TAG: CapacityReason.CLASSES_LOADED.value})
             self._instance.report_engine_event(
