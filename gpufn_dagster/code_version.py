@@ -14,6 +14,22 @@ module-level names the source references, recursively:
 
 Decorators, comments and formatting do not count. The walk reads source text and never calls
 user code. Pure: same code in, same digest out.
+
+The same code gives the same digest in every process -- the code server, the run worker, a step
+pod on a CPU node and a shard pod on a GPU node, `python file.py` and `python -m package.module`
+-- because nothing it counts depends on the process:
+
+- a module-level name counts by the source text that binds it (`DEVICE = "cuda" if
+  torch.cuda.is_available() else "cpu"` by that expression, `X = os.environ.get("X")` likewise; a
+  literal by its value), never by the value it happens to hold in this process; only a name no
+  source binds (set by `exec`, a doctest, an interactive session) counts by its value when that is
+  a literal;
+- a definition is named by its file relative to the project root (the first directory above it
+  that is not a package) and its qualified name, never by its module's import name (`__main__`
+  when run as a script).
+
+Parsing runs under a lock: CPython 3.11's AST builder is not safe when several threads parse at
+once (`SystemError: AST constructor recursion depth mismatch` was seen at definition load).
 """
 
 from __future__ import annotations
@@ -23,9 +39,11 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
+import os
 import sys
 import sysconfig
 import textwrap
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -79,6 +97,116 @@ def _literal(value: Any, depth: int = 0) -> str | None:
     return text if len(text) <= _MAX_LITERAL else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+_PARSE = threading.RLock()
+
+
+def _project_file(path: str | None) -> tuple[str, str | None]:
+    """(the file relative to the project root, the top-level package it is in): the root is the first
+    directory above the file that is not a package, the same however the module was imported.
+
+    >>> _project_file(__file__)[0], _project_file(__file__)[1]
+    ('gpufn_dagster/code_version.py', 'gpufn_dagster')
+    """
+    if not path:
+        return "", None
+    file = Path(path).resolve()
+    top, directory = None, file.parent
+    while (directory / "__init__.py").exists() and directory.parent != directory:
+        top, directory = directory.name, directory.parent
+    return file.relative_to(directory).as_posix(), top
+
+
+def _module_file(module_name: str | None, target: Any = None) -> str | None:
+    """The source file of a module (or of the module `target` was defined in, loaded or not)."""
+    found = getattr(sys.modules.get(module_name or ""), "__file__", None)
+    if found is None and target is not None:
+        found = getattr(target, "__globals__", {}).get("__file__") or _source_file(target)
+    return found
+
+
+def _source_file(target: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(target)
+    except TypeError:
+        return None
+
+
+def _where(module_name: str | None, target: Any = None) -> str:
+    """How a definition's module is named in the digest: its project file, else (a library) its name."""
+    relative, _ = _project_file(_module_file(module_name, target))
+    return relative or str(module_name)
+
+
+@functools.lru_cache(maxsize=512)
+def _bindings(path: str, stamp: tuple[int, int]) -> dict[str, tuple[Any, ...]]:
+    """The module-level bindings of a source file: name -> what binds it, in order: ("text", source
+    text of the value, or the literal's value) or ("import", module, name). Statements under
+    top-level `if`/`try`/`with` count; function and class bodies do not."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return {}
+    out: dict[str, list[tuple[str, str]]] = {}
+
+    def bind(name: str, how: tuple[str, ...]) -> None:
+        out.setdefault(name, []).append(how)
+
+    def text(node: ast.expr) -> str:
+        try:
+            literal = _literal(ast.literal_eval(node))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            literal = None
+        return literal if literal is not None else ast.unparse(node)
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    for name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name)):
+                        bind(name, ("text", text(node.value)))
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name) \
+                    and node.value is not None:
+                op = "" if isinstance(node, ast.AnnAssign) else type(node.op).__name__ + "="
+                bind(node.target.id, ("text", op + text(node.value)))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    bind(alias.asname or alias.name, ("import", node.module, alias.name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, block, []) or [])
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+    visit(tree.body)
+    return {name: tuple(hows) for name, hows in out.items()}
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def _bound_in_source(module_name: str | None, name: str, depth: int = 0, path: str | None = None) -> str | None:
+    """The source text that binds `name` at the top of `module_name` (its file `path` when known;
+    following `from x import name` into project modules), or None when no source binds it."""
+    path = path or _module_file(module_name)
+    if not path or not path.endswith(".py") or depth > 8:
+        return None
+    hows = _bindings(path, _stamp(path)).get(name)
+    if not hows:
+        return None
+    texts = []
+    for how in hows:
+        if how[0] == "import":
+            inner = _bound_in_source(how[1], how[2], depth + 1) if _is_project_module(how[1]) else None
+            texts.append(inner if inner is not None else f"from {how[1]} import {how[2]}")
+        else:
+            texts.append(how[1])
+    return " ; ".join(texts)
+
+
 def _source(target: Any) -> str | None:
     """The definition's code without its decorators (they declare the Function; they are not its
     code), normalized by `ast.unparse` so comments and formatting do not count."""
@@ -118,6 +246,7 @@ class _Walk:
         self.parts: list[str] = []
         self.seen: set[int] = set()
         self.roots = roots
+        self.files: dict[str, str | None] = {}  # module -> its source file, for the definitions walked
 
     def definition(self, target: Any) -> None:
         """A function or class of the project: its source, then what it references."""
@@ -128,22 +257,30 @@ class _Walk:
         if source is None:  # defined where no source is kept (an interactive session): its name only
             self.parts.append(f"nosource {getattr(target, '__qualname__', repr(target))}")
             return
-        self.parts.append(f"source {target.__module__}.{target.__qualname__}\n{source}")
+        self.parts.append(f"source {_where(target.__module__, target)}:{target.__qualname__}\n{source}")
+        self.files[target.__module__] = _module_file(target.__module__, target)
         namespace = vars(sys.modules[target.__module__]) if target.__module__ in sys.modules else {}
+        closure: dict[str, Any] = {}
         if inspect.isfunction(target):
             namespace = {**namespace, **target.__globals__}
             closure = inspect.getclosurevars(target).nonlocals
             namespace.update(closure)
         for name, attributes in sorted(_referenced_names(source).items()):
             if name in namespace:
-                self.value(f"{target.__qualname__}:{name}", namespace[name], attributes)
+                module = None if name in closure else target.__module__
+                self.value(f"{target.__qualname__}:{name}", namespace[name], attributes, module=module, name=name)
 
-    def value(self, label: str, value: Any, attributes: set[str] = frozenset()) -> None:
+    def value(self, label: str, value: Any, attributes: set[str] = frozenset(), module: str | None = None,
+              name: str | None = None) -> None:
+        """One referenced value. A module-level name of `module` that is not a definition or a
+        module counts by the source that binds it, not by what it holds in this process."""
         if isinstance(value, types.ModuleType):
             if _is_project_module(value.__name__, self.roots):
+                self.parts.append(f"{label} = module {_where(value.__name__)}")
                 for attribute in sorted(attributes):
                     if hasattr(value, attribute):
-                        self.value(f"{label}.{attribute}", getattr(value, attribute))
+                        self.value(f"{label}.{attribute}", getattr(value, attribute), module=value.__name__,
+                                   name=attribute)
             else:
                 self.parts.append(f"{label} = module {value.__name__}")
             return
@@ -151,13 +288,18 @@ class _Walk:
             self.parts.append(f"{label} = definition")
             self.definition(value)
             return
+        bound = _bound_in_source(module, name, path=self.files.get(module)) if module is not None \
+            and name is not None and (module in self.files or _is_project_module(module, self.roots)) else None
+        if bound is not None:
+            self.parts.append(f"{label} = source {bound}")
+            return
         literal = _literal(value)
         if literal is not None:
             self.parts.append(f"{label} = {literal}")
             return
         where = getattr(value, "__module__", None) or type(value).__module__
-        name = getattr(value, "__qualname__", None) or type(value).__qualname__
-        self.parts.append(f"{label} = {where}.{name}")
+        qualname = getattr(value, "__qualname__", None) or type(value).__qualname__
+        self.parts.append(f"{label} = {_where(where) if _is_project_module(where, self.roots) else where}.{qualname}")
 
 
 def code_digest(target: Any) -> str:
@@ -170,6 +312,9 @@ def code_digest(target: Any) -> str:
     False
     """
     module = getattr(target, "__module__", None) or ""
-    walk = _Walk(frozenset({module.partition(".")[0]}) - {"", "__main__"})
-    walk.definition(target)
+    _, top = _project_file(_module_file(module, target))
+    roots = frozenset({module.partition(".")[0], top or ""}) - {"", "__main__"}
+    with _PARSE:
+        walk = _Walk(roots)
+        walk.definition(target)
     return "sha256:" + hashlib.sha256("\n\n".join(walk.parts).encode()).hexdigest()

@@ -6,6 +6,10 @@ The Function logs every row it computes, with the device its slot gave it and it
 `$GPUFN_TEST_KILL_AT` and `$GPUFN_TEST_KILLED` does not exist yet, and always fails on the row
 named by `$GPUFN_TEST_FAIL_AT`. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
 at its first row until 4 processes have arrived: all 4 shards then hold their slots at once.
+
+The Function reads a module global whose value differs in every process (`_LOADED_BY`, the pid
+that imported it), as `DEVICE = "cuda" if ... else "cpu"` differs between a CPU and a GPU pod: the
+plan, each shard and the commit still agree on its version.
 """
 
 import os
@@ -16,6 +20,7 @@ from gpufn_dagster import build_definitions, gpu_function
 
 
 _arrived = False
+_LOADED_BY = os.getpid()
 
 
 def _meet_the_others(barrier: str, workers: int = 4) -> None:
@@ -30,6 +35,8 @@ def _meet_the_others(barrier: str, workers: int = 4) -> None:
 
 
 def shout(text: str) -> str:
+    if _LOADED_BY <= 0:
+        raise RuntimeError("no process")
     if os.environ.get("GPUFN_TEST_BARRIER"):
         _meet_the_others(os.environ["GPUFN_TEST_BARRIER"])
     if text == os.environ.get("GPUFN_TEST_FAIL_AT"):

@@ -125,6 +125,14 @@ def test_one_fragment_is_spread_over_four_shard_processes_each_on_its_own_device
         assert refresh_commits(db_uri) == ["DataReplacement"]
         assert meta["table_version_after"] == lancedb.connect(db_uri).open_table("docs").version
         assert TableFiles(f"{db_uri}/_gpufn_runs").names("") == []
+        # Plan, shards and commit ran in six processes, each with its own value of a global the
+        # Function reads; the version the rows carry is the one this process (as the code server)
+        # computes, and the next refresh finds nothing to do.
+        assert meta["function_version"] == _code_server_version(monkeypatch)
+        log.unlink()
+        again = run()
+        assert again.status == DagsterRunStatus.SUCCESS and materialization(instance, again.run_id)["rows_computed"] == 0
+        assert calls(log) == []
 
 
 @pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
@@ -244,3 +252,15 @@ def test_fewer_shards_than_workers_asked_are_explained_in_the_plan_and_the_mater
                 and e.event_specific_data.step_output_handle.output_name == "plan")
     said = {k: v.value for k, v in plan.event_specific_data.metadata.items()}
     assert (said["workers_asked"], said["workers"]) == (8, 1) and "only 500 rows" in said["fewer_workers_because"]
+
+
+def _code_server_version(monkeypatch) -> str:
+    """The Function's version as a process other than the run's computes it (the code server's)."""
+    import importlib.util
+
+    from gpufn_dagster import function_of
+
+    spec = importlib.util.spec_from_file_location("fanout_defs_here", DEFS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return function_of(module.shout_asset).version
