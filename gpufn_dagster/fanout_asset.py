@@ -31,7 +31,7 @@ from .refresh.engine import refresh_column
 from .refresh.fanout import RefreshPlan, ShardResult, compute_shard, plan_refresh
 from .refresh.progress import Progress
 from .refresh.shards import Shard
-from .reporting import device_used, gpu_billing, record_errors, refresh_metadata
+from .reporting import WorkerFigures, device_used, record_errors, refresh_metadata
 from .resources import LanceDBResource
 from .run.slots import step_slot
 from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
@@ -135,41 +135,30 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
     return commit
 
 
-def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,
-                    shards: list[ShardResult]) -> dict[str, Any]:
-    """The figures of the refresh as a whole (plan to commit) and of each shard.
-
-    wall_seconds and rows_per_second are the whole refresh's, from the plan's start to the commit's
-    end (what the user waited); busy_fraction, load_seconds and gpu_seconds (each shard's wall time
-    x its GPUs, on shards that saw a GPU) are summed over the shards; first_values_seconds is the
-    first shard's, from the plan's start; the `shards` table has each shard's own rows/s, busy
-    fraction and wall time.
-    """
-    metadata = refresh_metadata(function, gpu_class, result)
-    wall = max(time.time() - plan.started_at, 0.0) if plan.started_at else result.wall_seconds
+def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResult]) -> WorkerFigures:
+    """The shards' work as one refresh: wall time and rows/s from the plan's start to now (the
+    commit's end: what the user waited), busy fraction and load summed over the shards, first
+    values from the plan's start, GPU-seconds as each shard's wall time x its GPUs on the shards
+    that saw a GPU."""
+    wall = max(time.time() - plan.started_at, 0.0)
     rows = sum(s.rows_computed for s in shards)
     compute = sum(s.compute_seconds for s in shards)
-    metadata["rows_computed"] = rows
-    metadata["wall_seconds"] = dg.FloatMetadataValue(round(wall, 3))
-    metadata["rows_per_second"] = dg.FloatMetadataValue(round(rows / wall, 1) if wall > 0 else 0.0)
-    for name in ("busy_fraction", "first_values_seconds", "load_seconds", "batch_rows_largest", "device"):
-        metadata.pop(name, None)  # the commit's own, which computes nothing
-    if compute > 0:
-        metadata["busy_fraction"] = dg.FloatMetadataValue(round(sum(s.busy_seconds for s in shards) / compute, 3))
     firsts = [s.first_values_at for s in shards if s.first_values_at is not None]
-    if firsts and plan.started_at:
-        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(min(firsts) - plan.started_at, 2))
-    if (load := sum(s.load_seconds for s in shards)) >= 0.05:
-        metadata["load_seconds"] = dg.FloatMetadataValue(round(load, 2))
-    devices = tuple(d for s in shards for d in s.devices)
-    if rows:
-        metadata["device"] = device_used(devices) if devices else "cpu"
-    for name in ("gpu_seconds", "cost_usd", "gpu_billing"):
-        metadata.pop(name, None)
     on_gpu = [s for s in shards if s.devices]
-    if shards:
-        metadata.update(gpu_billing(function, gpu_class, float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count,
-                                    bool(on_gpu)))
+    return WorkerFigures(
+        wall_seconds=wall, rows_computed=rows, rows_per_second=rows / wall if wall > 0 else 0.0,
+        busy_fraction=sum(s.busy_seconds for s in shards) / compute if compute > 0 else None,
+        load_seconds=sum(s.load_seconds for s in shards),
+        first_values_seconds=min(firsts) - plan.started_at if firsts else None,
+        devices=tuple(d for s in shards for d in s.devices),
+        gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if shards else None)
+
+
+def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,
+                    shards: list[ShardResult]) -> dict[str, Any]:
+    """The refresh as a whole (`fanout_figures`), the plan, and each shard's own rows/s, busy
+    fraction, wall time and device."""
+    metadata = refresh_metadata(function, gpu_class, result, fanout_figures(function, plan, shards))
     metadata.update(plan.summary())
     metadata["fragments_left_for_next_refresh"] = result.fragments_left
     metadata["shards"] = dg.MarkdownMetadataValue("\n".join(

@@ -4,6 +4,9 @@ Shared by a refresh on one worker (`assets`) and one spread over several (`fanou
 report the same figures under the same names.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -85,11 +88,37 @@ def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: flo
     return billed
 
 
-def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult) -> dict[str, Any]:
-    """What each materialization reports, as Dagster metadata."""
-    gpu_seconds = result.wall_seconds * function.gpu_count
+@dataclass(frozen=True)
+class WorkerFigures:
+    """What the worker(s) of a refresh did, as the materialization reports it: the one worker's own
+    figures, or a fanned-out refresh's taken as a whole (`fanout_asset.fanout_figures`)."""
+
+    wall_seconds: float
+    rows_computed: int
+    rows_per_second: float
+    busy_fraction: float | None  # None: nothing computed, so nothing to say
+    load_seconds: float
+    first_values_seconds: float | None
+    devices: tuple[str, ...]  # the GPUs the worker(s) saw (none: the CPU)
+    gpu_seconds: float | None  # wall time x GPUs of the work that saw a GPU (None: no worker ran)
+    batch_rows_largest: int | None = None
+
+    @classmethod
+    def of(cls, function: Function, result: RefreshResult) -> WorkerFigures:
+        """A refresh on one worker: its result's figures."""
+        return cls(result.wall_seconds, result.rows_computed, result.rows_per_second,
+                   result.busy_fraction if result.first_values_seconds is not None else None, result.load_seconds,
+                   result.first_values_seconds, result.devices, result.wall_seconds * function.gpu_count,
+                   result.batch_rows_largest if result.first_values_seconds is not None else None)
+
+
+def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult,
+                     figures: WorkerFigures | None = None) -> dict[str, Any]:
+    """What each materialization reports, as Dagster metadata: the table's side from `result`, the
+    workers' from `figures` (default: `result`'s own, a refresh on one worker)."""
+    work = figures or WorkerFigures.of(function, result)
     metadata: dict[str, Any] = {
-        "rows_computed": result.rows_computed,
+        "rows_computed": work.rows_computed,
         "rows_failed": result.rows_failed,
         "rows_retried_ok": len(result.recovered),
         "rows_checked": result.rows_checked,
@@ -98,16 +127,18 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         "table_version_before": result.version_before,
         "table_version_after": result.version_after,
         "function_version": result.function_version,
-        "wall_seconds": dg.FloatMetadataValue(round(result.wall_seconds, 3)),
-        "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
+        "wall_seconds": dg.FloatMetadataValue(round(work.wall_seconds, 3)),
+        "rows_per_second": dg.FloatMetadataValue(round(work.rows_per_second, 1)),
         "dagster/row_count": result.rows_total,
     }
-    if result.load_seconds >= 0.05:
-        metadata["load_seconds"] = dg.FloatMetadataValue(round(result.load_seconds, 2))
-    if result.first_values_seconds is not None:
-        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(result.first_values_seconds, 2))
-        metadata["busy_fraction"] = dg.FloatMetadataValue(round(result.busy_fraction, 3))
-        metadata["batch_rows_largest"] = result.batch_rows_largest
+    if work.load_seconds >= 0.05:
+        metadata["load_seconds"] = dg.FloatMetadataValue(round(work.load_seconds, 2))
+    if work.first_values_seconds is not None:
+        metadata["first_values_seconds"] = dg.FloatMetadataValue(round(work.first_values_seconds, 2))
+    if work.busy_fraction is not None:
+        metadata["busy_fraction"] = dg.FloatMetadataValue(round(work.busy_fraction, 3))
+    if work.batch_rows_largest is not None:
+        metadata["batch_rows_largest"] = work.batch_rows_largest
     if result.oom_splits:
         metadata["oom_splits"] = result.oom_splits
         metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
@@ -116,7 +147,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["versions_published"] = result.versions_published
     if result.lease_wait_seconds >= 0.5:
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
-    if result.rows_computed:
-        metadata["device"] = device_used(result.devices)
-    metadata.update(gpu_billing(function, gpu_class, gpu_seconds, bool(result.devices)))
+    if work.rows_computed:
+        metadata["device"] = device_used(work.devices)
+    if work.gpu_seconds is not None:
+        metadata.update(gpu_billing(function, gpu_class, work.gpu_seconds, bool(work.devices)))
     return metadata

@@ -208,7 +208,8 @@ def table_sensor(
         if running is not None:
             return dg.SkipReason(f"run {running.run_id[:8]} is refreshing these assets; table {table!r} version "
                                  f"{version} is looked at again once it ends")
-        covered = covered_version(context.instance, _resolved(context, targets), table)
+        resolved = _resolved(context, targets)
+        covered = covered_version(context.instance, resolved, table)
         base = max(v for v in (last, covered, -1) if v is not None)
         if base >= 0 and version <= base:
             return dg.SensorResult(skip_reason=dg.SkipReason(
@@ -221,7 +222,7 @@ def table_sensor(
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",
                                         tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)})],
-            asset_events=_table_changed(context, _resolved(context, targets), table, dataset) if base >= 0 else [],
+            asset_events=_table_changed(context, resolved, table, dataset) if base >= 0 else [],
             cursor=str(version),
         )
 

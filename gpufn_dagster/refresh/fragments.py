@@ -108,18 +108,18 @@ class Attempt:
         self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
         self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
 
-    def submit(self, inputs: pa.RecordBatch, addresses: Rows) -> Future[tuple[pa.Array, list[RowError]]]:
+    def submit(self, inputs: pa.RecordBatch, rows: Rows) -> Future[tuple[pa.Array, list[RowError]]]:
         """Hand a batch to the model thread; its values come back through the future."""
         if self.model is not None:
-            return self.model.submit(self.compute, inputs, addresses)
+            return self.model.submit(self.compute, inputs, rows)
         done: Future[tuple[pa.Array, list[RowError]]] = Future()
         try:
-            done.set_result(self.compute(inputs, addresses))
+            done.set_result(self.compute(inputs, rows))
         except BaseException as err:
             done.set_exception(err)
         return done
 
-    def compute(self, inputs: pa.RecordBatch, addresses: Rows) -> tuple[pa.Array, list[RowError]]:
+    def compute(self, inputs: pa.RecordBatch, rows: Rows) -> tuple[pa.Array, list[RowError]]:
         if self.stop.is_set():
             raise RefreshStopped
         with self.call_lock:
@@ -127,7 +127,7 @@ class Attempt:
                 self.call = self._load()
             began = time.monotonic()
             try:
-                return call_function(self.call, self.function, inputs, addresses, self.fit)
+                return call_function(self.call, self.function, inputs, rows, self.fit)
             finally:
                 done = time.monotonic()
                 self.progress.busy_seconds += done - began
