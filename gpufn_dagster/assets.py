@@ -1,15 +1,14 @@
 """Functions as Dagster assets: materializing one refreshes its column.
 
 The asset carries its GPU class as tags (`gpufn/gpu-class`, `gpufn/gpu-count`) on the asset and
-on its op, so the run launcher can resolve placement from the asset graph and step launchers
-from op tags; the UI shows them and the kinds (`lance`, `gpu`/`cpu`). The Function spec itself
+on its op: the GPU request, which the run launcher reads from the run's steps and places when the
+run launches (never when the code loads); the UI shows them and the kinds (`lance`, `gpu`/`cpu`). The Function spec itself
 rides on the asset under one metadata key (`FUNCTION_METADATA_KEY`, as dagster-dbt and
 dagster-sling carry their manifest and translator), so `function_of(asset)` reads it back from
 the asset and no registry outside the definitions can go stale or be silently replaced.
 """
 
 import inspect
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -29,9 +28,8 @@ from .refresh.engine import refresh_column
 from .refresh.progress import Progress
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
-from .run.placement import Placement, placement_k8s_config
 from .run.slots import step_slot
-from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, K8S_CONFIG_TAG, READS_METADATA_KEY,
+from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
                    gpu_pool, gpu_tags)
 
 logger = logging.getLogger(__name__)
@@ -207,21 +205,17 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
     if upstream:
         metadata[READS_METADATA_KEY] = ObjectMetadataValue(tuple(upstream.values()))
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
-    op_tags = dict(tags)
-    if gpu_class is not None:
-        # For k8s_job_executor: each step pod of this Function gets its class's placement.
-        op_tags[K8S_CONFIG_TAG] = json.dumps(placement_k8s_config(Placement(gpu_class, function.gpu_count)))
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None
     if function.workers > 1:
-        return fanout_asset(function, class_now, tags=tags, op_tags=op_tags, pool=pool, metadata=metadata,
+        return fanout_asset(function, class_now, tags=tags, pool=pool, metadata=metadata,
                             upstream=list(upstream or ()))
 
     @dg.asset(
         name=function.name,
         deps=[dg.AssetKey(function.source_asset), *(upstream or ())],
         tags=tags,
-        op_tags=op_tags,
+        op_tags=tags,  # the GPU request: the launcher places the pod when a run launches
         kinds={"lance", "gpu" if function.gpu else "cpu"},
         # Embedded mode: a GPU step claims a slot of its class's pool, limited to `local.slots`.
         pool=pool,

@@ -78,13 +78,13 @@ def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDef
     return plan
 
 
-def _shard_op(function: Function, class_now: ClassNow, op_tags: dict[str, str],
+def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
               pool: str | None) -> dg.OpDefinition:
     @dg.op(
         name=f"{function.name}_shard",
         ins={"shard": dg.In(Shard), "plan": dg.In(RefreshPlan)},
         out=dg.Out(ShardResult, io_manager_key=STEP_OUTPUTS_KEY),
-        tags={**op_tags, SHARD_TAG: function.name},
+        tags={**tags, SHARD_TAG: function.name},  # the GPU request: each shard's pod is placed at launch
         config_schema={},  # nothing per run: the plan step takes `workers`; any key here is refused
         pool=pool,
         retry_policy=dg.RetryPolicy(max_retries=SHARD_RETRIES, delay=1),
@@ -170,13 +170,13 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
     return metadata
 
 
-def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str], op_tags: dict[str, str],
+def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str],
                  pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
     """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
     the Function assets whose columns it reads (a graph asset's dependencies are fixed when it is made).
     `class_now` reads the Function's GPU class as its files are when a step runs."""
     plan_op, shard_op, commit_op = (_plan_op(function, class_now, len(upstream)),
-                                    _shard_op(function, class_now, op_tags, pool), _commit_op(function, class_now))
+                                    _shard_op(function, class_now, tags, pool), _commit_op(function, class_now))
 
     with warnings.catch_warnings():
         # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so

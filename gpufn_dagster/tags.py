@@ -45,10 +45,6 @@ UNFILLED_ROWS_TAG = PREFIX + "unfilled-rows"
 FUNCTION_METADATA_KEY = PREFIX + "function"
 DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
 READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
-# dagster-k8s reads a step pod's configuration (k8s_job_executor) from this op tag. It equals
-# dagster_k8s.job.USER_DEFINED_K8S_CONFIG_KEY (a test holds them equal); spelled out here because
-# Function assets are built in embedded mode too, where dagster_k8s is not imported.
-K8S_CONFIG_TAG = "dagster-k8s/config"
 
 
 class CapacityState(str, Enum):

@@ -3,9 +3,10 @@
 One run worker pod sits on one node pool, so on Kubernetes a Materialize all over Functions of
 several GPU classes cannot run its steps in the worker's processes. With this executor (the
 default of `build_definitions`) the Kubernetes launcher places such a run per step -- the worker
-a CPU pod, each GPU step a pod of dagster-k8s's `k8s_job_executor` on its class's node pool -- and
-tags it `gpufn/placement=per-step`; the executor reads that tag in the run worker and hands the
-steps to `k8s_job_executor`. Every other run (one class, CPU only, and every run of the embedded
+a CPU pod, each GPU step a pod of dagster-k8s's `k8s_job_executor` on its class's node pool, as
+decided at launch -- and tags it `gpufn/placement=per-step`; the executor reads that tag in the run
+worker and hands the steps to `k8s_job_executor`, whose step handler applies the decided
+placements (`run.k8s_pods.GpuStepHandler`). Every other run (one class, CPU only, and every run of the embedded
 mode) runs its steps in processes of the worker, as Dagster's default executor does.
 
 The step pods' own settings (`job_image`, `step_k8s_config`, ...: what `k8s_job_executor` takes)
@@ -89,13 +90,23 @@ class GpuClassesExecutor(Executor):
         if not placed_per_step(plan_context.dagster_run.tags):
             yield from self._local.execute(plan_context, execution_plan)
             return
-        from dagster_k8s import k8s_job_executor
+        yield from step_pods_executor(self._init_context).execute(plan_context, execution_plan)
 
-        init = self._init_context
-        pods = k8s_job_executor.executor_creation_fn(InitExecutorContext(
-            job=init.job, executor_def=k8s_job_executor, executor_config=step_pods_config(init.executor_config),
-            instance=init.instance))
-        yield from pods.execute(plan_context, execution_plan)
+
+def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = os.environ) -> Executor:
+    """`k8s_job_executor` as this executor's config sets it up, whose GPU steps' pods get the
+    placements the launcher decided at launch (in the run worker's environment, `environ`)."""
+    from dagster_k8s import k8s_job_executor
+
+    from .k8s_pods import GpuStepHandler, step_placements_from_env
+
+    pods = k8s_job_executor.executor_creation_fn(InitExecutorContext(
+        job=init.job, executor_def=k8s_job_executor, executor_config=step_pods_config(init.executor_config),
+        instance=init.instance))
+    # StepDelegatingExecutor keeps its handler in `_step_handler`; k8s_job_executor's own
+    # construction of it (client, image, every config layer) stays untouched.
+    pods._step_handler = GpuStepHandler.over(pods._step_handler, step_placements_from_env(environ))
+    return pods
 
 
 @dg.executor(

@@ -22,11 +22,16 @@ Precedence of the run worker's pod configuration, lowest first: launcher config
 run tag < the GPU class. The class is merged last and then enforced (`placement.enforce_placement`):
 node selector keys, tolerations, required node affinity, GPU resource and count come from the
 class and cannot be overridden or widened. Runs with no GPU step go exactly the K8sRunLauncher way.
+
+A run placed per step gets its step pods' placements decided here too, at launch, from the class
+files as they are now and the run's `dagster/priority`: they travel to the run worker in its
+environment (`STEP_PLACEMENTS_ENV`), and gpufn's executor applies them, with the same refusals and
+enforcement, to each GPU step's and shard's pod (`run.step_pods`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from dagster._core.events import DagsterEventType, EngineEventData
@@ -35,20 +40,14 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dagster._utils.merger import merge_dicts
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
-from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
-from ..classes import ClassesDir
+from ..classes import ClassesDir, resolve_classes_dir
 from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, gpu_tags
 from .k8s_api import API_ERRORS, api_error
-from .kueue import run_priority
-from .placement import Placement, check_no_extra_gpus, enforce_placement
-from .shared import CLASSES_DIR_CONFIG, RunKind, RunPlan, plan_run
-
-# The sections of a dagster-k8s user-defined config, as UserDefinedDagsterK8sConfig names them.
-_SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
-             "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
-
+from .k8s_pods import placed_context
+from .placement import PodPlacement, check_no_extra_gpus, encode_step_placements
+from .shared import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunKind, RunPlan, plan_run
 
 class GpuK8sRunLauncher(K8sRunLauncher):
     """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits.
@@ -101,11 +100,17 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         """The run's plan, refusing (before any Kubernetes object exists) a request that cannot be placed."""
         try:
             plan = self.plan(run)
-            if plan.kind is not RunKind.CPU:
+            if plan.kind is RunKind.GPU:
                 # Sidecars and init containers are outside the class's enforcement of the main
                 # container: they may not ask for GPUs at all.
                 config = super().get_container_context_for_run(run).run_k8s_config
-                check_no_extra_gpus(config.pod_spec_config or {}, plan.placement)
+                check_no_extra_gpus(config.pod_spec_config or {}, PodPlacement.decide(plan.placement))
+            elif plan.kind is RunKind.PER_STEP:
+                # The step pods' own config in the run config is known now: refuse it before any Job
+                # exists (the executor checks each step pod's whole config again when it builds it).
+                for decided in plan.step_placements.values():
+                    for pod_spec in _step_pod_specs(run.run_config):
+                        check_no_extra_gpus(pod_spec, decided)
         except (PlacementError, GpuClassError) as err:
             self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: PLACEMENT_REJECTED})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
@@ -120,11 +125,13 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                      f" (the run spreads the refresh of {', '.join(plan.fanned_out)} over several GPU workers, "
                      "a step pod per shard)" if plan.fanned_out else "")
             self._instance.report_engine_event(
-                f"GPU placement per step{mixed}: the run worker is a CPU pod; k8s_job_executor places each GPU "
-                f"step's pod on its class's node pool", run,
-                EngineEventData({"GPU classes": ", ".join(plan.classes)}), cls=self.__class__)
+                f"GPU placement per step{mixed}: the run worker is a CPU pod; each GPU step's pod goes to its "
+                f"class's node pool as decided now, at launch, from the class files in {self._classes_dir_shown()}",
+                run, EngineEventData({"GPU classes": ", ".join(plan.classes), **{
+                    f"Step pods {key}": _decided_text(decided) for key, decided in sorted(plan.step_placements.items())}}),
+                cls=self.__class__)
             return
-        placement: Placement = plan.placement
+        placement = plan.placement
         gpu_class = placement.gpu_class
         self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
                                                  PLACEMENT_TAG: RunKind.GPU.value})
@@ -141,7 +148,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                 "Node selector": ", ".join(f"{k}={v}" for k, v in sorted(gpu_class.node_selector.items())),
                 "Tolerations": ", ".join(f"{t.key}:{t.effect}" for t in gpu_class.tolerations),
                 **({"Kueue LocalQueue": gpu_class.kueue.local_queue,
-                    "Kueue priority class": gpu_class.kueue.priority_class_for(run_priority(run.tags)) or "(Kueue's default)"}
+                    "Kueue priority class": gpu_class.kueue.priority_class_for(placement.priority) or "(Kueue's default)"}
                    if gpu_class.kueue else {}),
             }),
             cls=self.__class__,
@@ -167,13 +174,28 @@ class GpuK8sRunLauncher(K8sRunLauncher):
 
     def get_container_context_for_run(self, dagster_run: DagsterRun) -> K8sContainerContext:
         context = super().get_container_context_for_run(dagster_run)
-        placement = self.plan(dagster_run).placement
-        if placement is None:
+        plan = self.plan(dagster_run)
+        if plan.kind is RunKind.PER_STEP:  # the step pods' placements, decided at launch, to the run worker
+            return context.merge(K8sContainerContext(
+                env=[{"name": STEP_PLACEMENTS_ENV, "value": encode_step_placements(plan.step_placements)}]))
+        if plan.placement is None:
             return context
-        # enforce_placement overlays the class's whole configuration (placement_k8s_config) onto
-        # what the lower layers produced, so no separate merge is needed.
-        config = context.run_k8s_config
-        placement = replace(placement, priority=run_priority(dagster_run.tags))  # Kueue's priority class
-        enforced = enforce_placement({s: getattr(config, s) for s in _SECTIONS}, placement)
-        return context._replace(run_k8s_config=UserDefinedDagsterK8sConfig(
-            **enforced, merge_behavior=config.merge_behavior))
+        return placed_context(context, PodPlacement.decide(plan.placement))
+
+    def _classes_dir_shown(self) -> str:
+        return str(resolve_classes_dir(self._classes_dir))
+
+
+def _decided_text(decided: PodPlacement) -> str:
+    kueue = f", Kueue priority class {decided.priority_class}" if decided.priority_class else ""
+    return f"{decided.describe()}{kueue}"
+
+
+def _step_pod_specs(run_config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pod_spec_config sections a run's config gives its step pods (gpufn executor's `gpu_step_pods`)."""
+    execution = (run_config or {}).get("execution") or {}
+    config = (execution.get("config") or next((v.get("config") for v in execution.values()
+                                               if isinstance(v, Mapping) and "config" in v), None) or {})
+    pods = config.get(STEP_PODS_FIELD) or {}
+    layers = [pods.get("step_k8s_config") or {}, *(pods.get("per_step_k8s_config") or {}).values()]
+    return [layer.get("pod_spec_config") or {} for layer in layers if isinstance(layer, Mapping)]

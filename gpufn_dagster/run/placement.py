@@ -1,15 +1,19 @@
-"""Where a run's worker pod goes: GPU class x GPU count -> the Kubernetes pod configuration.
+"""Where a GPU pod goes: GPU class x GPU count -> the Kubernetes pod configuration.
 
 Pure functions. The launcher reads the GPU requests of a run's steps (op tags written by
-`gpu_function`), resolves them to one class, and merges the class's placement over whatever
-dagster-k8s assembled from the launcher config, the code location and `dagster-k8s/config` run
-tags. `enforce_placement` runs last, so no user-supplied layer can move a GPU run off its pool,
-add a node-affinity alternative, pin a node, or change the GPU count or resource.
+`gpu_function`) and, at launch, decides each GPU pod's placement from the class files as they
+are then: one `PodPlacement` for a run worker, or one per (class, GPU count) for the step and
+shard pods of a run placed per step. Whoever builds the pod merges that decision over whatever
+dagster-k8s assembled from the launcher config, the code location, `dagster-k8s/config` tags and
+the executor's step config: `check_no_extra_gpus` refuses GPUs in other containers, and
+`enforce_placement` runs last, so no user-supplied layer can move a GPU pod off its pool, add a
+node-affinity alternative, pin a node, or change the GPU count or resource.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,78 @@ class Placement:
 
     def describe(self) -> str:
         return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {self.gpu_class.name!r}"
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """One GPU pod's placement as decided at launch: the class's pod configuration then, with the
+    run's priority, in a form that travels (JSON) to the run worker, which builds the step pods.
+
+    Example:
+        >>> from gpufn_dagster.classes import GpuClass
+        >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+        >>> decided = PodPlacement.decide(Placement(l4, 1))
+        >>> PodPlacement.from_json(decided.to_json()) == decided, decided.describe()
+        (True, "1 x nvidia.com/gpu on GPU class 'l4'")
+    """
+
+    gpu_class: str
+    gpu_count: int
+    resource_name: str
+    config: Mapping[str, Any]  # `placement_k8s_config` of the class as it was at launch
+    priority_class: str | None = None  # the Kueue priority class the run's priority picked, if any
+
+    @classmethod
+    def decide(cls, placement: Placement) -> PodPlacement:
+        kueue = placement.gpu_class.kueue
+        return cls(placement.gpu_class.name, placement.gpu_count, placement.gpu_class.resource_name,
+                   placement_k8s_config(placement), kueue.priority_class_for(placement.priority) if kueue else None)
+
+    def describe(self) -> str:
+        return f"{self.gpu_count} x {self.resource_name} on GPU class {self.gpu_class!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu_class": self.gpu_class, "gpu_count": self.gpu_count, "resource_name": self.resource_name,
+                "config": self.config, "priority_class": self.priority_class}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> PodPlacement:
+        return cls(value["gpu_class"], int(value["gpu_count"]), value["resource_name"], value["config"],
+                   value.get("priority_class"))
+
+
+def request_key(gpu_class: str, gpu_count: int) -> str:
+    """How a step's GPU request names its decided placement (`StepPlacements`' keys).
+
+    >>> request_key("l4", 2)
+    'l4 x2'
+    """
+    return f"{gpu_class} x{gpu_count}"
+
+
+def encode_step_placements(placements: Mapping[str, PodPlacement]) -> str:
+    """The decided placements of a run's GPU step pods (by `request_key`), as the run worker reads them."""
+    return json.dumps({key: placement.to_json() for key, placement in sorted(placements.items())}, sort_keys=True)
+
+
+def decode_step_placements(text: str) -> dict[str, PodPlacement]:
+    """`encode_step_placements` read back.
+
+    >>> decode_step_placements(encode_step_placements({}))
+    {}
+    """
+    return {key: PodPlacement.from_json(value) for key, value in json.loads(text).items()}
+
+
+def step_gpu_request(step_tags: Mapping[str, str] | None) -> str | None:
+    """The `request_key` of one step's GPU request, or None for a CPU step.
+
+    >>> step_gpu_request({"gpufn/gpu-class": "l4", "gpufn/gpu-count": "2"}), step_gpu_request({"gpufn/gpu-count": "0"})
+    ('l4 x2', None)
+    """
+    if not step_tags or GPU_CLASS_TAG not in step_tags:
+        return None
+    return request_key(step_tags[GPU_CLASS_TAG], int(step_tags.get(GPU_COUNT_TAG, "1")))
 
 
 def gpu_requests(step_tags: Iterable[Mapping[str, str] | None]) -> dict[str, int]:
@@ -67,9 +143,9 @@ def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClas
         raise PlacementError(
             f"this run selects GPU Functions of {len(requests)} GPU classes: {listed}. One run worker cannot run "
             "on two node pools, and this job's executor runs every step in the run worker. Run each GPU step in "
-            "its own pod on its own class: use gpufn's executor (build_definitions' default, gpu_classes_executor) "
-            "or dagster_k8s's k8s_job_executor (build_definitions(..., executor=k8s_job_executor)); or materialize "
-            "each class's Functions in its own run")
+            "its own pod on its own class: use gpufn's executor, gpu_classes_executor "
+            "(build_definitions' default, or define_asset_job(..., executor_def=gpu_classes_executor)); or "
+            "materialize each class's Functions in its own run")
     (name, count), = requests.items()
     if name not in classes:
         raise PlacementError(f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; configured classes: "
@@ -128,12 +204,13 @@ def _container_gpus(container: Mapping[str, Any], gpu_resource: str | None) -> d
     return asked
 
 
-def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: Placement | None) -> None:
+def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: PodPlacement | None) -> None:
     """Refuse sidecars and init containers that ask for a GPU resource.
 
-    The class bounds the GPUs of the whole pod; only the run worker's own container gets them,
-    from the placement. Without this, a `dagster-k8s/config` run tag could add containers that
-    each ask for GPUs and so multiply the pod's request past the class's limit.
+    The class bounds the GPUs of the whole pod; only the pod's own (Dagster) container gets them,
+    from the placement. Without this, a `dagster-k8s/config` tag or a step pod config could add
+    containers that each ask for GPUs and so multiply the pod's request past the class's limit.
+    Run pods and step pods are checked alike, with the same message.
 
     >>> check_no_extra_gpus({"containers": [{"name": "log", "resources": {"limits": {"cpu": "1"}}}]}, None)
     >>> check_no_extra_gpus({"init_containers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": 8}}}]},
@@ -142,25 +219,26 @@ def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: Placement
     ...
     gpufn_dagster.errors.PlacementError: init container 'warm' asks for nvidia.com/gpu=8; ...
     """
-    gpu_resource = placement.gpu_class.resource_name if placement else None
+    gpu_resource = placement.resource_name if placement else None
     for key, kind in (("containers", "container"), ("init_containers", "init container"),
                       ("initContainers", "init container")):
         for container in pod_spec_config.get(key) or []:
             asked = _container_gpus(container, gpu_resource)
             if asked:
-                bound = (f"class {placement.gpu_class.name!r} gives the run worker {placement.gpu_count} x "
+                bound = (f"class {placement.gpu_class!r} gives the pod's Dagster container {placement.gpu_count} x "
                          f"{gpu_resource} and no other container of the pod may ask for GPUs" if placement else
                          "each GPU step's pod gets its GPUs from its class; no other container may ask for GPUs")
                 raise PlacementError(
                     f"{kind} {container.get('name', '?')!r} asks for "
                     f"{', '.join(f'{k}={v}' for k, v in sorted(asked.items()))}; {bound} (remove the GPU resources "
-                    "from that container in the dagster-k8s/config tag)")
+                    "from that container in the dagster-k8s/config tag or step pod config)")
 
 
-def enforce_placement(config: Mapping[str, Any], placement: Placement) -> dict[str, Any]:
-    """Make a merged dagster-k8s config obey the class, whatever the layers below it said."""
+def enforce_placement(config: Mapping[str, Any], placement: PodPlacement) -> dict[str, Any]:
+    """Make a merged dagster-k8s config obey the placement decided at launch, whatever the layers
+    below it said."""
     out = copy.deepcopy(dict(config))
-    wanted = placement_k8s_config(placement)
+    wanted = placement.config
     container = out.setdefault("container_config", {})
     resources = container.setdefault("resources", {})
     for kind in ("limits", "requests"):
@@ -181,7 +259,7 @@ def enforce_placement(config: Mapping[str, Any], placement: Placement) -> dict[s
     pod_spec["tolerations"] = tolerations
     affinity = pod_spec.get("affinity") or {}
     node_affinity = affinity.get("node_affinity") or {}
-    if placement.gpu_class.node_affinity:
+    if "affinity" in wanted["pod_spec_config"]:
         # Node selector terms are ORed: only the class's own may stand, or a user term could widen the pool.
         node_affinity["required_during_scheduling_ignored_during_execution"] = (
             wanted["pod_spec_config"]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"])

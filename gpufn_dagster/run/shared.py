@@ -12,16 +12,18 @@ import enum
 import functools
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
 from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
 from ..errors import PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, K8S_CONFIG_TAG, SHARD_TAG,
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, SHARD_TAG,
                     WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, waiting_since)
-from .placement import Placement, gpu_requests, resolve_placement
+from .kueue import run_priority
+from .placement import PodPlacement, Placement, gpu_requests, resolve_placement, step_gpu_request
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
 CLASSES_DIR_CONFIG = {
@@ -50,6 +52,9 @@ def run_step_tags(instance: DagsterInstance, run: DagsterRun) -> list[dict[str, 
 # The config field of gpufn's executor (`run.executor`): it names that executor to the launcher,
 # which sees a job's executor only through its config schema.
 STEP_PODS_FIELD = "gpu_step_pods"
+# The run worker's environment variable that carries the step pods' placements decided at launch
+# (`placement.encode_step_placements`) from the launcher to gpufn's executor.
+STEP_PLACEMENTS_ENV = "GPUFN_STEP_PLACEMENTS"
 
 
 class StepPods(enum.Enum):
@@ -85,53 +90,67 @@ class RunKind(enum.Enum):
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The one value a launcher acts on: the run's kind, and for a GPU run its worker's placement."""
+    """The one value a launcher acts on, made once at launch: the run's kind, and where its GPU
+    pods go -- for a GPU run its worker's placement, for a run placed per step each GPU request's
+    (class x count) step pod placement -- from the class files as they are now, with the run's
+    `dagster/priority`."""
 
     kind: RunKind
     placement: Placement | None = None
     classes: tuple[str, ...] = ()  # per step: the GPU classes its step pods go to
     fanned_out: tuple[str, ...] = ()  # per step: Functions whose refresh spreads over several shard pods
+    step_placements: Mapping[str, PodPlacement] = field(default_factory=dict)  # per step: request_key -> pod
 
 
-def _each_placed(requests: dict[str, int], classes_dir: ClassesDir) -> dict[str, Placement]:
+def _step_placements(step_tags: list[dict[str, str]], classes_dir: ClassesDir, priority: int) -> dict[str, PodPlacement]:
+    """Each distinct GPU request of the run's steps (class x count), placed on its own."""
+    classes = cached_gpu_classes(classes_dir)
+    out: dict[str, PodPlacement] = {}
+    for tags in step_tags:
+        key = step_gpu_request(tags)
+        if key is not None and key not in out:
+            placement = resolve_placement({tags[GPU_CLASS_TAG]: int(tags.get(GPU_COUNT_TAG, "1"))}, classes)
+            out[key] = PodPlacement.decide(replace(placement, priority=priority))
+    return out
+
+
+def class_placements(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> dict[str, Placement]:
+    """Each GPU class the run's steps ask for, placed on its own; raises PlacementError /
+    GpuClassError for an unknown class or too many GPUs, so those fail before anything starts."""
+    requests = gpu_requests(run_step_tags(instance, run))
     if not requests:  # a CPU run: it never depends on the class files, valid or not
         return {}
     classes = cached_gpu_classes(classes_dir)
     return {name: resolve_placement({name: count}, classes) for name, count in requests.items()}
 
 
-def class_placements(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> dict[str, Placement]:
-    """Each GPU class the run's steps ask for, placed on its own; raises PlacementError /
-    GpuClassError for an unknown class or too many GPUs, so those fail before anything starts."""
-    return _each_placed(gpu_requests(run_step_tags(instance, run)), classes_dir)
-
-
 def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir) -> RunPlan:
     """The run's plan on Kubernetes; raises PlacementError / GpuClassError when its GPU request
     cannot be placed.
 
-    With step pods -- always under k8s_job_executor, under gpufn's executor when the run mixes GPU
-    classes or spreads a refresh over several workers (shard steps) -- the run worker only orchestrates: it stays a CPU pod, and each GPU step's pod
-    carries its own class (op tags). Without step pods, one worker runs every step, so all must
-    share one class.
+    With step pods -- gpufn's executor, when the run mixes GPU classes or spreads a refresh over
+    several workers (shard steps) -- the run worker only orchestrates: it stays a CPU pod, and each
+    GPU step's pod gets the placement decided here for its request. Without step pods, one worker
+    runs every step, so all must share one class.
     """
     step_tags = run_step_tags(instance, run)
     requests = gpu_requests(step_tags)
     if not requests:
         return RunPlan(RunKind.CPU)
     mode = _job_step_pods(instance, run.job_snapshot_id) if run.job_snapshot_id else StepPods.NEVER
+    if mode is StepPods.ALWAYS:
+        raise PlacementError(
+            "its job runs on dagster_k8s's k8s_job_executor, which would build its GPU steps' pods from op tags "
+            "alone, with no GPU class placement. gpufn's executor runs the steps of such a run in their own pods "
+            "the same way, each GPU step's pod placed on its class as decided at launch: use gpu_classes_executor "
+            "(build_definitions' default, or define_asset_job(..., executor_def=gpu_classes_executor))")
+    priority = run_priority(run.tags)
     fanned_out = tuple(sorted({tags[SHARD_TAG] for tags in step_tags if SHARD_TAG in tags}))  # shard steps
-    if mode is StepPods.ALWAYS or (mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out)):
-        unplaced = sorted({tags.get(GPU_CLASS_TAG, "?") for tags in step_tags
-                           if GPU_CLASS_TAG in tags and K8S_CONFIG_TAG not in tags})
-        if unplaced:
-            raise PlacementError(
-                f"its GPU steps of class {', '.join(unplaced)} carry no pod placement: the code location loaded "
-                "while the GPU class files did not load. Fix the class files, reload the code location and "
-                "launch the run again")
-        return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(_each_placed(requests, classes_dir))),
-                       fanned_out=fanned_out)
-    return RunPlan(RunKind.GPU, resolve_placement(requests, cached_gpu_classes(classes_dir)))
+    if mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out):
+        return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(requests)), fanned_out=fanned_out,
+                       step_placements=_step_placements(step_tags, classes_dir, priority))
+    placement = resolve_placement(requests, cached_gpu_classes(classes_dir))
+    return RunPlan(RunKind.GPU, replace(placement, priority=priority))
 
 
 # What a run's capacity tag says while it waits for or holds GPU capacity (not once it failed for it).

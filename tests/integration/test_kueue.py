@@ -6,7 +6,6 @@ preempted run waits again instead of failing."""
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -259,13 +258,13 @@ def test_the_shipped_kueue_objects_are_accepted_by_kueue_and_their_cluster_queue
 
 
 def test_a_fanned_out_refresh_whose_shard_jobs_kueue_holds_back_names_the_waiting_shards(
-        cluster, core, namespace, queue, instance, watcher, kueue_classes, monkeypatch):
-    monkeypatch.setenv("GPUFN_CLASSES_DIR", str(kueue_classes))  # the code location's classes: l4 in Kueue mode
-    monkeypatch.delitem(sys.modules, "k8s_defs", raising=False)  # Dagster keeps a loaded code location's module
+        cluster, core, namespace, queue, instance, watcher):
+    # The launcher's classes put l4 in Kueue mode; the code location's (./classes) do not, and need not:
+    # the shard pods are placed at launch.
     run = fanned_out_run(cluster, namespace, instance)
     shard_step_pods(cluster, namespace, instance, run, range(2), pods=False)
     batch = kubernetes.client.BatchV1Api(cluster.api_client())
-    jobs = {j.metadata.labels["shard"]: j for j in batch.list_namespaced_job(namespace).items if "shard" in j.metadata.labels}
+    jobs = {j.metadata.labels["step"]: j for j in batch.list_namespaced_job(namespace).items if "step" in j.metadata.labels}
     assert {j.metadata.labels["kueue.x-k8s.io/queue-name"] for j in jobs.values()} == {"gpu-l4"}
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
 
@@ -280,6 +279,27 @@ def test_a_fanned_out_refresh_whose_shard_jobs_kueue_holds_back_names_the_waitin
     assert len(said) == 1 and said[0].startswith("[CapacityWatcher] Step frames__emb_wide.frames__emb_wide_shard-shard_1: Waiting"), said
     assert "insufficient unused quota for nvidia.com/gpu in flavor l4" in said[0], said
     assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity-reason"] == "KueuePending"
+
+
+def test_a_shard_job_of_a_run_of_dagster_priority_10_carries_the_high_priority_class(cluster, namespace, queue,
+                                                                                     instance):
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+    seen = {}
+    for priority, expected in (("10", "gpufn-high"), ("0", "gpufn-normal")):
+        run = fanned_out_run(cluster, namespace, instance, tags={"dagster/priority": priority})
+        (name,) = shard_step_pods(cluster, namespace, instance, run, range(1), pods=False)
+        assert batch.read_namespaced_job(name, namespace).metadata.labels["kueue.x-k8s.io/priority-class"] == expected
+
+        def find(job=name):
+            items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]
+            return next((w for w in items if any(o["name"] == job for o in w["metadata"].get("ownerReferences", []))),
+                        None)
+        seen[priority] = wait_for(find, what=f"the Workload of {name}", timeout=60)["spec"]
+        assert seen[priority]["priorityClassRef"]["name"] == expected, seen[priority]  # Kueue took it
+        said = [m for m in events(instance, run.run_id) if "GPU placement per step" in m]
+        assert said, events(instance, run.run_id)
+    assert seen["10"]["priority"] > seen["0"]["priority"]  # Kueue admits and preempts by it
 
 
 def test_a_queue_whose_maximum_capacity_can_never_hold_the_run_fails_it_as_never_fits(
@@ -324,10 +344,15 @@ def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_pa
     assert not any("now position" in m for r in rest for m in events(instance, r))  # ...the page within a minute
     watcher.tick(now=now + 120)
     for run_id in rest:
-        said = [m for m in events(instance, run_id) if "Still waiting for GPU capacity" in m]
-        assert len(said) == 1 and f"now position {moved[run_id]} in ClusterQueue {queue}" in said[0], said
-    watcher.tick(now=now + 300)  # nothing moved since: nothing more is said
-    assert sum("Still waiting" in m for r in rest for m in events(instance, r)) == 2
+        # Said once: "Still waiting ...: now position ..." a minute on -- or at once, in a new report,
+        # when Kueue's own words for the wait changed too (its message grows as it retries).
+        said = [m for m in events(instance, run_id) if f"position {moved[run_id]} in ClusterQueue {queue}" in m]
+        assert len(said) == 1, said
+        assert said[0].startswith(("[CapacityWatcher] Still waiting for GPU capacity of class 'l4': now position",
+                                   "[CapacityWatcher] Waiting for GPU capacity: class 'l4'")), said
+    still = sum("Still waiting" in m for r in rest for m in events(instance, r))
+    watcher.tick(now=now + 300)  # nothing moved since: the place is not said again
+    assert sum("Still waiting" in m for r in rest for m in events(instance, r)) == still
 
 
 def _workloads(cluster, namespace: str) -> list[dict]:

@@ -5,6 +5,7 @@ real scheduler places on the class's pool -- or, for a CPU run, exactly K8sRunLa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from dagster._core.test_utils import in_process_test_workspace, instance_for_tes
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
+
+from gpufn_dagster.errors import PlacementError
 
 from ..conftest import launcher_at, wait_for
 
@@ -49,7 +52,7 @@ def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
 
 
 def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
-                job: str = "__ASSET_JOB") -> str:
+                job: str = "__ASSET_JOB", run_config: dict | None = None) -> str:
     """Launch a run the way the UI's Materialize button does; returns the run id."""
     origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
     with in_process_test_workspace(instance, origin) as context:
@@ -58,6 +61,7 @@ def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | 
             "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
                          "pipelineName": job, "assetSelection": [{"path": [a]} for a in assets]},
             "mode": "default",
+            **({"runConfigData": run_config} if run_config else {}),
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         }})
     launched = result.data["launchPipelineExecution"]
@@ -140,6 +144,11 @@ def test_run_tags_cannot_move_or_widen_a_gpu_run(cluster, namespace, instance):
     assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class"] == "a100-80gb"
 
 
+# What a run pod's and a step pod's refusal of GPUs in another container both say.
+GIVES_A100 = "class 'a100-80gb' gives the pod's Dagster container 2 x nvidia.com/gpu"
+GIVES_L4 = "class 'l4' gives the pod's Dagster container 1 x nvidia.com/gpu"
+
+
 @pytest.mark.parametrize("section", ["containers", "init_containers"])
 def test_run_tags_cannot_add_gpus_through_other_containers(cluster, namespace, instance, section):
     """The class bounds the GPUs of the whole pod: a sidecar or init container asking for GPUs is refused."""
@@ -152,7 +161,7 @@ def test_run_tags_cannot_add_gpus_through_other_containers(cluster, namespace, i
     assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected"
     text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
     kind = "init container" if section == "init_containers" else "container"
-    assert f"{kind} 'greedy' asks for nvidia.com/gpu=3; class 'a100-80gb' gives the run worker 2" in text
+    assert f"{kind} 'greedy' asks for nvidia.com/gpu=3; {GIVES_A100}" in text
     assert jobs(cluster, namespace) == []
     # A sidecar that asks for no GPU is the user's to add.
     fine = {"pod_spec_config": {section: [{"name": "log", "image": "busybox",
@@ -202,7 +211,7 @@ def test_mixed_classes_without_step_pods_are_rejected_before_any_job_saying_how(
     messages = " ".join(str(e.message) + str(getattr(e.dagster_event, "event_specific_data", ""))
                         for e in instance.all_logs(run_id))
     assert "2 GPU classes: a100-80gb (2 GPU), l4 (1 GPU)" in messages
-    assert "build_definitions(..., executor=k8s_job_executor)" in messages  # the way to run it
+    assert "executor_def=gpu_classes_executor" in messages  # the way to run it
     assert jobs(cluster, namespace) == []
 
 
@@ -270,93 +279,112 @@ def test_gpufn_executor_keeps_a_one_class_run_on_its_gpu_worker(cluster, namespa
     assert not placed_per_step(run.tags)
 
 
-def test_with_k8s_job_executor_each_gpu_step_pod_lands_on_its_own_class(cluster, namespace, instance):
+def test_a_job_on_k8s_job_executor_with_gpu_steps_is_refused_saying_to_use_gpufns_executor(cluster, namespace,
+                                                                                            instance):
+    # Its step pods would be built from op tags alone, with no class placement.
+    run_id = materialize(instance, "frames__emb_a100", "frames__emb_l4", "frames__words", job="per_step")
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected"
+    text = _launch_error_text(instance, run_id)
+    assert "k8s_job_executor, which would build its GPU steps' pods from op tags alone" in text, text
+    assert "executor_def=gpu_classes_executor" in text
+    assert jobs(cluster, namespace) == []
+
+
+def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict | None = None):
+    """The step handler gpufn's executor builds in the run worker (`step_pods_executor`, its config
+    as a run config's `gpu_step_pods` gives it), with the environment the launcher gave the run worker pod."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._core.executor.init import InitExecutorContext
+
+    from gpufn_dagster.run.executor import gpu_classes_executor, step_pods_executor
+    from gpufn_dagster.run.k8s_pods import GpuStepHandler
+
+    pod, _node = job_pod(cluster, namespace, run.run_id)
+    environment = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
+    job = ReconstructableRepository.for_file(str(DEFS), "defs").get_reconstructable_job(run.job_name)
+    config = {"retries": {"enabled": {}},
+              "gpu_step_pods": {"job_image": "gpufn/worker:test", "step_k8s_config": step_k8s_config or {}}}
+    pods = step_pods_executor(InitExecutorContext(job=job, executor_def=gpu_classes_executor, executor_config=config,
+                                                  instance=instance), environment)
+    assert isinstance(pods._step_handler, GpuStepHandler)
+    return pods._step_handler
+
+
+def create_step_job(cluster, namespace: str, instance, run, handler, key: str, tags, job_name: str) -> None:
+    """The step's Job as the handler's launch_step builds it (KWOK runs no run worker to launch it)."""
     from types import SimpleNamespace
 
-    from dagster_k8s.executor import K8sStepHandler
     from dagster_k8s.job import construct_dagster_k8s_job
 
-    # Two classes in one run are fine when each step has its own pod; the run worker is a CPU pod.
-    run = mixed_run_on_a_cpu_worker(cluster, namespace, instance, job="per_step")
+    context = SimpleNamespace(
+        dagster_run=run, instance=instance, step_tags={key: tags},
+        execute_step_args=SimpleNamespace(step_keys_to_execute=[key]),
+        get_step_context=lambda k: SimpleNamespace(step=SimpleNamespace(op_name=k)))
+    container_context = handler._get_container_context(context)
+    kubernetes.client.BatchV1Api(cluster.api_client()).create_namespaced_job(namespace, construct_dagster_k8s_job(
+        job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
+                                                        run_launcher=instance.run_launcher),
+        args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
+        user_defined_k8s_config=container_context.run_k8s_config,
+        labels={"dagster/run-id": run.run_id, "dagster/op": key, "step": job_name}))
 
-    # Each step's pod, configured by dagster-k8s's own step handler from the step's op tags.
-    from dagster_k8s.container_context import K8sContainerContext
 
-    handler = K8sStepHandler(image="gpufn/worker:test", container_context=K8sContainerContext(namespace=namespace),
-                             load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    batch = kubernetes.client.BatchV1Api(cluster.api_client())
+def step_pod(cluster, namespace: str, job_name: str):
+    """The pod of a step's Job, once scheduled, and its node."""
     core = kubernetes.client.CoreV1Api(cluster.api_client())
+    name = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"step={job_name}").items,
+                    what=f"{job_name} pod")[0].metadata.name
+    node_name = wait_for(lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what=f"{job_name} scheduled")
+    return core.read_namespaced_pod(name, namespace), core.read_node(node_name)
+
+
+def test_each_gpu_step_pod_of_a_run_placed_per_step_lands_on_its_own_class(cluster, namespace, instance):
+    # Two classes in one run are fine when each step has its own pod; the run worker is a CPU pod.
+    run = mixed_run_on_a_cpu_worker(cluster, namespace, instance, job="auto")
+    handler = step_handler(cluster, namespace, instance, run)
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
     expected = {"frames__emb_a100": ("a100-80gb", "2"), "frames__emb_l4": ("l4", "1"), "frames__words": ("cpu", None)}
     for step in plan.steps:
-        context = SimpleNamespace(
-            dagster_run=run, instance=instance, step_tags={step.key: step.tags},
-            execute_step_args=SimpleNamespace(step_keys_to_execute=[step.key]),
-            get_step_context=lambda key: SimpleNamespace(step=SimpleNamespace(op_name=key)))
-        container_context = handler._get_container_context(context)
         job_name = f"step-{step.key.replace('_', '-')}"
-        job = construct_dagster_k8s_job(
-            job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
-                                                            run_launcher=instance.run_launcher),
-            args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
-            user_defined_k8s_config=container_context.run_k8s_config,
-            labels={"dagster/run-id": run.run_id, "step": job_name})
-        batch.create_namespaced_job(namespace, job)
-        step_pod = wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
-                            what=f"{job_name} pod")[0]
-        node_name = wait_for(lambda p=step_pod.metadata.name: core.read_namespaced_pod(p, namespace).spec.node_name,
-                             what=f"{job_name} scheduled")
+        create_step_job(cluster, namespace, instance, run, handler, step.key, step.tags, job_name)
+        pod, node = step_pod(cluster, namespace, job_name)
         pool, gpus = expected[step.key]
-        assert core.read_node(node_name).metadata.labels["gpufn.dev/pool"] == pool, step.key
-        limits = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0].resources.limits or {}
-        assert limits.get("nvidia.com/gpu") == gpus, step.key
-        container = core.read_namespaced_pod(step_pod.metadata.name, namespace).spec.containers[0]
-        assert [source.secret_ref.name for source in container.env_from or []] == ["gpufn-object-store"], step.key
+        assert node.metadata.labels["gpufn.dev/pool"] == pool, step.key
+        assert (pod.spec.containers[0].resources.limits or {}).get("nvidia.com/gpu") == gpus, step.key
+        assert [source.secret_ref.name for source in pod.spec.containers[0].env_from or []] == ["gpufn-object-store"]
+    (said,) = [e.dagster_event for e in instance.all_logs(run.run_id) if e.is_dagster_event and
+               "each GPU step's pod goes to its class's node pool as decided now, at launch" in (e.message or "")]
+    decided = {k: v.value for k, v in said.event_specific_data.metadata.items() if k.startswith("Step pods")}
+    assert decided == {"Step pods a100-80gb x2": "2 x nvidia.com/gpu on GPU class 'a100-80gb'",
+                       "Step pods l4 x1": "1 x nvidia.com/gpu on GPU class 'l4'"}, decided
 
 
-def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True) -> list[str]:
-    """Create the shard steps' Jobs as dagster-k8s's step handler makes them from the step's op tags
-    (KWOK runs no step worker to launch them); returns their pods' names (with `pods=False`, the
-    Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
-    from types import SimpleNamespace
-
-    from dagster_k8s.container_context import K8sContainerContext
-    from dagster_k8s.executor import K8sStepHandler
-    from dagster_k8s.job import construct_dagster_k8s_job
-
-    handler = K8sStepHandler(image="gpufn/worker:test", container_context=K8sContainerContext(namespace=namespace),
-                             load_incluster_config=False, kubeconfig_file=str(cluster.kubeconfig))
+def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True,
+                    step_k8s_config: dict | None = None) -> list[str]:
+    """Create the shard steps' Jobs as gpufn's step handler makes them, with the placement the launcher
+    decided at launch (KWOK runs no step worker to launch them); returns their pods' names (with
+    `pods=False`, the Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
+    handler = step_handler(cluster, namespace, instance, run, step_k8s_config)
     plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
     (shard_step,) = [step for step in plan.steps if "_shard" in step.key]
-    batch = kubernetes.client.BatchV1Api(cluster.api_client())
     core = kubernetes.client.CoreV1Api(cluster.api_client())
     names = []
     for index in shards:
         key = shard_step.key.replace("[?]", f"[shard_{index}]")
-        context = SimpleNamespace(
-            dagster_run=run, instance=instance, step_tags={key: shard_step.tags},
-            execute_step_args=SimpleNamespace(step_keys_to_execute=[key]),
-            get_step_context=lambda k: SimpleNamespace(step=SimpleNamespace(op_name=k)))
-        container_context = handler._get_container_context(context)
         job_name = f"shard-{index}-{run.run_id[:8]}"
-        batch.create_namespaced_job(namespace, construct_dagster_k8s_job(
-            job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
-                                                            run_launcher=instance.run_launcher),
-            args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
-            user_defined_k8s_config=container_context.run_k8s_config,
-            labels={"dagster/run-id": run.run_id, "dagster/op": key,
-                    "shard": job_name}))
+        create_step_job(cluster, namespace, instance, run, handler, key, shard_step.tags, job_name)
         if not pods:
             names.append(job_name)
             continue
-        names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"shard={n}").items,
+        names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
                               what=f"{job_name} pod")[0].metadata.name)
     return names
 
 
-def fanned_out_run(cluster, namespace: str, instance):
+def fanned_out_run(cluster, namespace: str, instance, tags: dict[str, str] | None = None):
     """Materialize the Function spread over 4 workers: placed per step, its run worker a CPU pod."""
-    run_id = materialize(instance, "frames__emb_wide", job="fanned")
+    run_id = materialize(instance, "frames__emb_wide", job="fanned", tags=tags)
     run = instance.get_run_by_id(run_id)
     assert run.tags["gpufn/placement"] == "per-step", [e.message for e in instance.all_logs(run_id)]
     pod, node = job_pod(cluster, namespace, run_id)
@@ -435,3 +463,66 @@ def test_kubernetes_api_down_fails_the_run_with_a_clear_reason(tmp_path, classes
         text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
         assert "KubernetesUnavailable" in text and f"the Kubernetes API at https://127.0.0.1:{port}" in text
         assert "did not answer" in text and "re-execute the run once the API answers" in text
+
+
+def test_a_class_file_edited_after_the_code_loaded_governs_the_next_runs_step_pods(cluster, namespace, instance,
+                                                                                   classes_dir):
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    first = fanned_out_run(cluster, namespace, instance)  # the code location is loaded from here on
+    (before,) = shard_step_pods(cluster, namespace, instance, first, range(1))
+    assert core.read_namespaced_pod(before, namespace).spec.containers[0].resources.limits["memory"] == "16Gi"
+    l4 = classes_dir / "l4.yaml"
+    l4.write_text(l4.read_text().replace("memory: 16Gi", "memory: 8Gi").replace('cpu: "4"', 'cpu: "3"'))
+    second = fanned_out_run(cluster, namespace, instance)
+    (after,) = shard_step_pods(cluster, namespace, instance, second, range(1))
+    resources = core.read_namespaced_pod(after, namespace).spec.containers[0].resources
+    assert resources.limits["memory"] == "8Gi" and resources.requests["cpu"] == "3"
+    assert resources.limits["nvidia.com/gpu"] == "1"
+
+
+def _step_pod_config_refusal(cluster, namespace, instance, run_config: dict) -> str:
+    """Launch the fanned-out Function with this run config; the text its refusal says."""
+    run_id = materialize(instance, "frames__emb_wide", job="fanned", run_config=run_config)
+    run = instance.get_run_by_id(run_id)
+    assert run.status.value == "FAILURE" and run.tags["gpufn/placement"] == "rejected", run.tags
+    assert jobs(cluster, namespace) == []  # refused before any Job existed
+    return _launch_error_text(instance, run_id)
+
+
+@pytest.mark.parametrize("section", ["containers", "init_containers"])
+def test_step_pod_config_cannot_add_gpus_through_other_containers_same_message_as_a_run_pod(
+        cluster, namespace, instance, section):
+    greedy = {"pod_spec_config": {section: [{"name": "greedy", "image": "busybox",
+                                             "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}}
+    kind = "init container" if section == "init_containers" else "container"
+    refusal = f"{kind} 'greedy' asks for nvidia.com/gpu=3; {GIVES_L4}"
+    # In the run config, for every step pod or for the shard op: refused at launch.
+    for step_pods in ({"step_k8s_config": greedy}, {"per_step_k8s_config": {"frames__emb_wide_shard": greedy}}):
+        text = _step_pod_config_refusal(cluster, namespace, instance,
+                                        {"execution": {"config": {"gpu_step_pods": step_pods}}})
+        assert refusal in text, text
+    # From a layer the launcher does not see (the executor's own step config): refused when the
+    # step pod is built, with the same words, and no Job is made for it.
+    run = fanned_out_run(cluster, namespace, instance)
+    with pytest.raises(PlacementError, match=re.escape(refusal)):
+        shard_step_pods(cluster, namespace, instance, run, range(1), step_k8s_config=greedy)
+    assert [j.metadata.name for j in jobs(cluster, namespace) if "shard" in j.metadata.name] == []
+
+
+def test_step_pod_config_cannot_move_or_widen_a_gpu_step_pod(cluster, namespace, instance):
+    widening = {
+        "container_config": {"resources": {"limits": {"nvidia.com/gpu": "4", "amd.com/gpu": "1"}}},
+        "pod_spec_config": {"node_name": "a100-80gb-0", "node_selector": {"cloud.google.com/gke-accelerator": "other"},
+                            "affinity": {"node_affinity": {"required_during_scheduling_ignored_during_execution": {
+                                "node_selector_terms": [{"match_expressions": [
+                                    {"key": "gpufn.dev/pool", "operator": "In", "values": ["l4"]}]}]}}}},
+    }
+    run = fanned_out_run(cluster, namespace, instance)
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    (name,) = shard_step_pods(cluster, namespace, instance, run, range(1), step_k8s_config=widening)
+    pod = core.read_namespaced_pod(name, namespace)
+    limits = pod.spec.containers[0].resources.limits
+    assert limits["nvidia.com/gpu"] == "1" and "amd.com/gpu" not in limits  # the class's resource and count
+    assert pod.spec.node_selector["cloud.google.com/gke-accelerator"] == "nvidia-l4"  # the class's value
+    node = wait_for(lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what="shard scheduled")
+    assert node.startswith("l4-"), node  # not pinned to the a100 node it named

@@ -1,6 +1,6 @@
 """A shard that really runs in a pod: on the suite's one real node (kubelet + containerd + runc,
-`gpufn_devcluster.realnode`), the shard step's pod -- built by dagster-k8s's step handler from
-the shard op's tags, so placed by the launcher's rules -- executes Dagster's own step worker
+`gpufn_devcluster.realnode`), the shard step's pod -- built as gpufn's step handler builds it,
+placed as the launcher decides at launch -- executes Dagster's own step worker
 (`dagster api execute_step`) against the table on the object store; the rows it filled are its own.
 
 Needs Debian's containerd, runc and containernetworking-plugins; without them it is skipped,
@@ -55,8 +55,11 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
                                                                              object_store, tmp_path, monkeypatch,
                                                                              classes_dir):
     from dagster_k8s.container_context import K8sContainerContext
-    from dagster_k8s.job import (DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job,
-                                 get_user_defined_k8s_config)
+    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+    from gpufn_dagster.run.k8s_pods import placed_context
+    from gpufn_dagster.run.placement import step_gpu_request
+    from gpufn_dagster.run.shared import RunKind, plan_run
 
     # The shipped l4 class asks 4 CPUs and 16Gi per worker; this machine's node has 2 CPUs.
     l4 = classes_dir / "l4.yaml"
@@ -90,11 +93,14 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
 
         on_this_host(PLAN)
 
-        # shard_0: its pod as dagster-k8s's step handler makes it -- the op's tags give the class's
-        # placement -- plus what a pod of this machine needs: the host's Python and checkout, its network.
+        # shard_0: its pod as gpufn's step handler makes it -- dagster-k8s's layers, then the placement the
+        # launcher decides at launch for the shard's GPU request -- plus what a pod of this machine
+        # needs: the host's Python and checkout, its network.
         plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
         tags = next(step.tags for step in plan.steps if "_shard" in step.key)
-        context = K8sContainerContext(
+        decided = plan_run(instance, run, classes_dir)
+        assert decided.kind is RunKind.PER_STEP
+        context = placed_context(K8sContainerContext(
             namespace=namespace, image_pull_policy="Never",
             env_vars=[f"{k}={v}" for k, v in {**env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                                               "HOME": os.environ.get("HOME", "/root")}.items()],
@@ -102,7 +108,7 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
             volume_mounts=[{"name": f"host{i}", "mount_path": p} for i, p in enumerate(host_mounts())],
             run_k8s_config=UserDefinedDagsterK8sConfig.from_dict(
                 {"pod_spec_config": {"host_network": True, "node_selector": {REAL_NODE_LABEL: "true"}}}),
-        ).merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))  # as the step handler does
+        ), decided.step_placements[step_gpu_request(tags)])  # as the step handler does
         job_name = f"real-shard-0-{run.run_id[:8]}"
         core = kubernetes.client.CoreV1Api(cluster.api_client())
         # dagster-k8s mounts the instance's config map; the step worker uses the instance ref in its args.

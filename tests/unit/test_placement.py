@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.classes import GpuClass, load_gpu_classes
 from gpufn_dagster.errors import PlacementError
-from gpufn_dagster.run.placement import enforce_placement, gpu_requests, placement_k8s_config, resolve_placement
+from dataclasses import replace
+
+from gpufn_dagster.run.placement import (PodPlacement, decode_step_placements, encode_step_placements,
+                                         enforce_placement, gpu_requests, placement_k8s_config, resolve_placement)
 
 from ..conftest import CLASSES
 
@@ -53,7 +56,7 @@ def test_enforcement_keeps_user_narrowing_and_drops_widening():
                                 "node_selector_terms": [{"match_expressions": [
                                     {"key": "any", "operator": "Exists"}]}]}}}},
     }
-    out = enforce_placement(user, placement)
+    out = enforce_placement(user, PodPlacement.decide(placement))
     assert out["container_config"]["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "128Gi"}
     assert "node_name" not in out["pod_spec_config"]
     assert out["pod_spec_config"]["node_selector"]["zone"] == "a"
@@ -62,3 +65,14 @@ def test_enforcement_keeps_user_narrowing_and_drops_widening():
     terms = out["pod_spec_config"]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"]
     assert terms["node_selector_terms"][0]["match_expressions"][0]["key"] == "karpenter.sh/capacity-type"
     assert len(terms["node_selector_terms"]) == 1
+
+
+def test_a_decided_placement_travels_as_text_whole_and_carries_the_runs_kueue_priority_class():
+    l4 = GpuClass.model_validate({**CLASSES_BY_NAME["l4"].model_dump(), "kueue": {
+        "local_queue": "gpu-l4", "priority_classes": {10: "gpu-high", 0: "gpu-normal"}}})
+    high = PodPlacement.decide(replace(resolve_placement({"l4": 1}, {"l4": l4}), priority=10))
+    low = PodPlacement.decide(resolve_placement({"l4": 1}, {"l4": l4}))
+    assert high.priority_class == "gpu-high" and low.priority_class == "gpu-normal"
+    assert high.config["job_metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpu-high"
+    decided = {"l4 x1": high, "h100-80gb x4": PodPlacement.decide(resolve_placement({"h100-80gb": 4}, CLASSES_BY_NAME))}
+    assert decode_step_placements(encode_step_placements(decided)) == decided

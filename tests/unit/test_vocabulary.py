@@ -40,12 +40,25 @@ def test_every_capacity_state_and_reason_a_tag_takes_is_in_the_readme():
     assert all(r.value[0].isupper() and r.value.isalnum() for r in CapacityReason)
 
 
-def test_dagster_k8s_config_tag_is_dagster_k8s_own_key():
+def test_function_ops_carry_the_gpu_request_and_no_pod_placement():
+    """The pod's placement is decided when a run launches, so no op tag may freeze it at load."""
+    import dagster as dg
     from dagster_k8s.job import USER_DEFINED_K8S_CONFIG_KEY
 
-    from gpufn_dagster.tags import K8S_CONFIG_TAG
+    from gpufn_dagster import gpu_function
 
-    assert K8S_CONFIG_TAG == USER_DEFINED_K8S_CONFIG_KEY
+    @gpu_function(table="docs", column="n", output_type="int64", gpu_class="l4")
+    def n(text: str) -> int:
+        return len(text)
+
+    @gpu_function(table="docs", column="m", output_type="int64", gpu_class="l4", workers=2)
+    def m(text: str) -> int:
+        return len(text)
+
+    ops = [n.op, *m.node_def.node_defs] if isinstance(m.node_def, dg.GraphDefinition) else [n.op]
+    assert len(ops) == 4
+    assert all(USER_DEFINED_K8S_CONFIG_KEY not in op.tags for op in ops), [op.tags for op in ops]
+    assert n.op.tags["gpufn/gpu-class"] == "l4" and n.op.tags["gpufn/gpu-count"] == "1"
 
 
 def test_every_error_the_package_defines_is_a_gpufn_error_from_the_errors_module():
