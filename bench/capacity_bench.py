@@ -54,7 +54,7 @@ def main() -> None:
         for _ in range(args.runs):
             run = create_run_for_test(instance, job_name="gpu", status=DagsterRunStatus.STARTING,
                                       tags={"gpufn/placement": "gpu", "gpufn/gpu-class": "a100-80gb",
-                                            "gpufn/gpu-count": "2"})
+                                            ".dagster/gpufn/gpu-count": "2"})
             run_ids.append(run.run_id)
             core.create_namespaced_pod("default", pending_pod(run.run_id))
         deadline = time.monotonic() + 600

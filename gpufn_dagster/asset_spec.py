@@ -4,6 +4,8 @@ Functions whose columns it reads, and the YAML file that declared it.
 The spec is stored under one metadata key (`FUNCTION_METADATA_KEY`, as dagster-dbt and
 dagster-sling carry their manifest and translator), so it survives Dagster's copies of the asset
 (`map_asset_specs`, `Definitions.merge`) and no registry outside the definitions can go stale.
+Only the process that loaded the definitions holds the objects; a page served elsewhere shows each
+entry's text (`function_metadata`, `reads_metadata`): the code behind the column, the Functions read.
 """
 
 from typing import Any
@@ -21,6 +23,31 @@ def _spec_metadata(asset: dg.AssetsDefinition | dg.AssetSpec) -> Any:
     if len(asset.keys) != 1:
         return {}
     return asset.specs_by_key[asset.key].metadata
+
+
+def function_metadata(function: Function) -> ObjectMetadataValue:
+    """The spec itself, for `function_of` in this process; the page (other processes) shows only
+    its text: which Python code computes the column, and how it is called.
+
+    >>> def shout(text: str) -> str: return text.upper()
+    >>> from gpufn_dagster.functions import make_function
+    >>> function_metadata(make_function(shout, table="docs", column="loud")).value
+    'gpufn_dagster.asset_spec.shout, called per row'
+    """
+    target = function.target
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    calls = {"row": "per row", "arrays": "per batch of arrays", "record_batch": "per record batch"}
+    text = f"{name}{' (a class)' if function.is_class else ''}, called {calls[function.call_style.value]}"
+    return ObjectMetadataValue(text, instance=function)
+
+
+def reads_metadata(functions: tuple[Function, ...]) -> ObjectMetadataValue:
+    """The Functions a Function reads, for `reads` in this process; the page shows their names.
+
+    >>> reads_metadata(()).value
+    'none'
+    """
+    return ObjectMetadataValue(", ".join(f.name for f in functions) or "none", instance=functions)
 
 
 def function_of(asset: dg.AssetsDefinition | dg.AssetSpec) -> Function | None:

@@ -16,10 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
 from .classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
-from .asset_spec import reads
+from .asset_spec import function_metadata, reads, reads_metadata
 from .errors import FunctionDefinitionError, GpuClassError
 from .fanout_asset import fanout_asset
 from .functions import Function, make_function
@@ -99,8 +98,9 @@ def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuC
         "dagster/column_schema": _column_schema(function),
         **({} if declared_in else _code_references(function)),  # a YAML Function's page links its defs.yaml
         **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),
-        FUNCTION_METADATA_KEY: ObjectMetadataValue(function),
+        FUNCTION_METADATA_KEY: function_metadata(function),
     }
+
 
 
 def run_config_schema(function: Function) -> dict[str, dg.Field]:
@@ -203,7 +203,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
 
     metadata = _asset_metadata(function, declared_in, gpu_class)
     if upstream:
-        metadata[READS_METADATA_KEY] = ObjectMetadataValue(tuple(upstream.values()))
+        metadata[READS_METADATA_KEY] = reads_metadata(tuple(upstream.values()))
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
-from .asset_spec import declared_in, function_of
+from .asset_spec import declared_in, function_of, reads_metadata
 from .assets import function_asset
 from .errors import FunctionDefinitionError
 from .functions import Function
@@ -68,7 +67,7 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
         elif keys:
             asset = asset.map_asset_specs(lambda spec, up=keys, read=tuple(upstream): spec.replace_attributes(
                 deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})],
-                metadata={**spec.metadata, READS_METADATA_KEY: ObjectMetadataValue(read)}))
+                metadata={**spec.metadata, READS_METADATA_KEY: reads_metadata(read)}))
         out.append(asset)
     return out
 

@@ -1,9 +1,12 @@
 """The closed vocabulary of tags gpufn writes and reads: every `gpufn/…` tag, and the values some take.
 
-Run tags are what the UI's runs list and run page show, so values a person reads are readable:
-capacity states are words from `CapacityState`, reasons short fixed CamelCase words from
-`CapacityReason` (the scheduler's prose goes into the run's event, never into a tag), and times
-are ISO 8601 in UTC.
+A run shows at most three of them in the UI's runs list and run page, the ones a user filters by:
+its GPU class, its capacity state (`CapacityState` words) and its placement. Everything else gpufn
+keeps on a run -- why it waits, since when, its place in line, the estimate, what was last said --
+is bookkeeping under `HIDDEN_PREFIX`, which Dagster hides from its UI and GraphQL API; the words a
+person reads about it are in the run's events. Hidden or not, values stay readable: reasons are
+short fixed CamelCase words from `CapacityReason` (the scheduler's prose goes into the run's
+event, never into a tag), and times are ISO 8601 in UTC.
 
 >>> time_tag(1796058073), seconds_from_tag("2026-11-30T17:01:13Z")
 ('2026-11-30T17:01:13Z', 1796058073.0)
@@ -16,10 +19,14 @@ from datetime import datetime, timezone
 from enum import Enum
 
 PREFIX = "gpufn/"
+# Dagster hides run tags under `.dagster/` from its UI and GraphQL API (the prefix of its own
+# bookkeeping tags, dagster._core.storage.tags.HIDDEN_TAG_PREFIX; a test holds them equal).
+HIDDEN_PREFIX = ".dagster/" + PREFIX
 
-# On Function assets and their ops (and on runs, once the launcher has read them from the plan).
+# On Function assets and their ops (the class also on runs, once the launcher has read it from the plan).
 GPU_CLASS_TAG = PREFIX + "gpu-class"
 GPU_COUNT_TAG = PREFIX + "gpu-count"
+RUN_GPU_COUNT_TAG = HIDDEN_PREFIX + "gpu-count"  # on runs: the GPUs per worker of its class
 # On runs: how the launcher placed the run (`run.shared.RunKind`, or "rejected").
 PLACEMENT_TAG = PREFIX + "placement"
 # On the shard op of a refresh spread over several workers: each shard is a step with its own GPU worker.
@@ -27,21 +34,22 @@ SHARD_TAG = PREFIX + "shard"
 PLACEMENT_REJECTED = "rejected"
 # On runs waiting for, or holding, GPU capacity.
 CAPACITY_TAG = PREFIX + "capacity"
-CAPACITY_REASON_TAG = PREFIX + "capacity-reason"
-WAITING_SINCE_TAG = PREFIX + "waiting-since"
-CAPACITY_REPORTED_TAG = PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
-WAIT_ESTIMATE_TAG = PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate); then
+CAPACITY_REASON_TAG = HIDDEN_PREFIX + "capacity-reason"
+WAITING_SINCE_TAG = HIDDEN_PREFIX + "waiting-since"
+CAPACITY_REPORTED_TAG = HIDDEN_PREFIX + "capacity-reported"  # digest of the last wait event, so it is not repeated
+WAIT_ESTIMATE_TAG = HIDDEN_PREFIX + "wait-estimate"  # "about 25 min", "now" or "unknown" (run.estimate); then
 # "waited 3 min" once the run got its GPUs, "ended" once it ended while waiting: never a stale estimate
-HOLDING_SINCE_TAG = PREFIX + "holding-since"  # when the run got its GPUs (its time on them counts from here)
-QUEUE_POSITION_TAG = PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
-POSITION_SAID_TAG = PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
-KUEUE_TAG = PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
-# On runs started by the table and unfilled-rows sensors.
-TABLE_TAG = PREFIX + "table"
-TABLE_VERSION_TAG = PREFIX + "table-version"
-UNFILLED_ROWS_TAG = PREFIX + "unfilled-rows"
-# Metadata keys of a Function asset: its spec (in-process; across processes the UI shows the class
-# name), and for a YAML declaration the defs.yaml that declared it (load errors name it).
+HOLDING_SINCE_TAG = HIDDEN_PREFIX + "holding-since"  # when the run got its GPUs (its time on them counts from here)
+QUEUE_POSITION_TAG = HIDDEN_PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
+POSITION_SAID_TAG = HIDDEN_PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
+KUEUE_TAG = HIDDEN_PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
+# On runs started by the table and unfilled-rows sensors (their events say the same in words).
+TABLE_TAG = HIDDEN_PREFIX + "table"
+TABLE_VERSION_TAG = HIDDEN_PREFIX + "table-version"
+UNFILLED_ROWS_TAG = HIDDEN_PREFIX + "unfilled-rows"
+# Metadata keys of a Function asset: its spec (in-process; across processes the page shows which
+# Python code computes the column), and for a YAML declaration the defs.yaml that declared it (load
+# errors name it).
 FUNCTION_METADATA_KEY = PREFIX + "function"
 DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
 READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
@@ -64,7 +72,7 @@ class CapacityState(str, Enum):
 
 
 class CapacityReason(str, Enum):
-    """Every value of `gpufn/capacity-reason`: short fixed words; the event carries the prose."""
+    """Every value of `.dagster/gpufn/capacity-reason`: short fixed words; the event carries the prose."""
 
     CLASSES_INVALID = "ClassesInvalid"    # the GPU class files do not load: held in the queue until they do
     CLASSES_LOADED = "ClassesLoaded"      # they load again: the held run goes to the run queue
@@ -101,12 +109,21 @@ CONTAINER_FAILING = frozenset({
 
 
 def gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
-    """The tags that say a Function, step or run needs `gpu_count` GPUs of `gpu_class`.
+    """The tags that say a Function or its step needs `gpu_count` GPUs of `gpu_class`.
 
     >>> gpu_tags("l4", 2)
     {'gpufn/gpu-class': 'l4', 'gpufn/gpu-count': '2'}
     """
     return {GPU_CLASS_TAG: gpu_class, GPU_COUNT_TAG: str(gpu_count)}
+
+
+def run_gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
+    """The same on a run: the class shown (a user filters by it), the count kept hidden.
+
+    >>> run_gpu_tags("l4", 2)
+    {'gpufn/gpu-class': 'l4', '.dagster/gpufn/gpu-count': '2'}
+    """
+    return {GPU_CLASS_TAG: gpu_class, RUN_GPU_COUNT_TAG: str(gpu_count)}
 
 
 # The Dagster pool of a class's GPU steps: embedded mode limits it to the class's `local.slots`.
@@ -146,7 +163,7 @@ ENDED_WAITING = "ended"  # the wait-estimate tag of a run that ended while it wa
 def waiting_since(run_tags: Mapping[str, str], now: float) -> float:
     """When a run started waiting for GPU capacity (`now` for one that has no such tag yet).
 
-    >>> waiting_since({"gpufn/waiting-since": "2026-11-30T17:01:13Z"}, now=0.0), waiting_since({}, now=5.0)
+    >>> waiting_since({".dagster/gpufn/waiting-since": "2026-11-30T17:01:13Z"}, now=0.0), waiting_since({}, now=5.0)
     (1796058073.0, 5.0)
     """
     value = run_tags.get(WAITING_SINCE_TAG)

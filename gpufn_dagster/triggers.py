@@ -21,7 +21,7 @@ import lance
 from .asset_spec import function_of
 from .errors import FunctionDefinitionError
 from .resources import LanceDBResource
-from .tags import TABLE_TAG, TABLE_VERSION_TAG, UNFILLED_ROWS_TAG, gpu_tags
+from .tags import TABLE_TAG, TABLE_VERSION_TAG, UNFILLED_ROWS_TAG, run_gpu_tags
 
 _NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
 GPUFN_COMMIT_PREFIX = "gpufn"
@@ -121,7 +121,7 @@ def _run_tags(targets: Sequence[dg.AssetsDefinition | str]) -> dict[str, str]:
     if len(names) != 1:
         return {}
     name = names.pop()
-    return gpu_tags(name, max(count for n, count in classes if n == name))
+    return run_gpu_tags(name, max(count for n, count in classes if n == name))
 
 
 def refresh_job(name: str, targets: Sequence[dg.AssetsDefinition | str], description: str | None = None):

@@ -4,7 +4,7 @@ Both waiting paths -- the embedded queue's pass and the Kubernetes watcher's tic
 line of runs waiting on each class and the class's capacity; this module adds what the instance
 knows (how long each kind of work took recently, who holds the class's GPUs and since when),
 asks `estimate.estimate_line`, and records the answer on each waiting run: tag
-`gpufn/wait-estimate` and an event, both only when the estimate changed meaningfully. A few
+`.dagster/gpufn/wait-estimate` and an event, both only when the estimate changed meaningfully. A few
 queries per class with waiting runs, whatever the number of runs.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.events import EngineEventData
 
-from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
+from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
                     seconds_from_tag)
 from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line
 
@@ -37,7 +37,7 @@ def work_of(run: Any) -> str:
 
 def _gpus(run: Any) -> int:
     try:
-        return int(run.tags.get(GPU_COUNT_TAG, "1").split(",")[0])
+        return int(run.tags.get(RUN_GPU_COUNT_TAG, "1").split(",")[0])
     except ValueError:
         return 1
 

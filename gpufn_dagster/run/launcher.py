@@ -13,7 +13,7 @@ Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `cl
 
 Asset tags never reach runs and the UI's Materialize button sends no run tags, so the GPU
 request is read from the run's execution plan: the op tags `gpu_function` puts on each step.
-The launcher writes the result onto the run (`gpufn/gpu-class`, `gpufn/gpu-count`) and an engine
+The launcher writes the result onto the run (`gpufn/gpu-class`, hidden `.dagster/gpufn/gpu-count`) and an engine
 event before the Job exists, and fails the run without creating anything when the request
 cannot be placed.
 
@@ -43,7 +43,7 @@ from dagster_k8s.container_context import K8sContainerContext
 
 from ..classes import ClassesDir, resolve_classes_dir
 from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
-from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, gpu_tags
+from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, run_gpu_tags
 from .k8s_api import API_ERRORS, api_error
 from .k8s_pods import placed_context
 from .placement import PodPlacement, check_no_extra_gpus, encode_step_placements
@@ -133,7 +133,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             return
         placement = plan.placement
         gpu_class = placement.gpu_class
-        self._instance.add_run_tags(run.run_id, {**gpu_tags(gpu_class.name, placement.gpu_count),
+        self._instance.add_run_tags(run.run_id, {**run_gpu_tags(gpu_class.name, placement.gpu_count),
                                                  PLACEMENT_TAG: RunKind.GPU.value})
         queued = (f"; Kueue admits it from LocalQueue {gpu_class.kueue.local_queue!r} (its Job stays suspended "
                   "until then)" if gpu_class.kueue else "")

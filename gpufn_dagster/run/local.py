@@ -35,7 +35,7 @@ from dagster._utils.merger import merge_dicts
 
 from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
 from ..errors import GpuClassError, PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG,
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
                     CapacityReason, CapacityState, gpu_pool, pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
@@ -132,7 +132,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         """Tag a GPU run with its classes, or fail it now when a step can never get its slots."""
         if placements:
             names = sorted(placements)
-            tags = {GPU_CLASS_TAG: ",".join(names), GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
+            tags = {GPU_CLASS_TAG: ",".join(names), RUN_GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
                     PLACEMENT_TAG: RunKind.LOCAL.value}
             empty = [name for name in names if placements[name].gpu_class.local.slots == 0]
             too_big = [name for name in names if placements[name].gpu_count > placements[name].gpu_class.local.slots]

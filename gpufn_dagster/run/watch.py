@@ -6,7 +6,7 @@ pods (label selector), one of their events, one of nodes and one of Jobs cover e
 whatever their number. For each STARTING GPU run it turns the pod's status into a verdict
 (`capacity.pod_verdict`), asks `capacity.decide` what to record, and applies that here:
 
-- waiting: tag `gpufn/capacity=waiting` (+ `gpufn/waiting-since`), an event with the class, the
+- waiting: tag `gpufn/capacity=waiting` (+ `.dagster/gpufn/waiting-since`), an event with the class, the
   request, since when, the scheduler's message verbatim and as a histogram, the run's position
   among runs waiting on the class, and autoscaler reactions (TriggeredScaleUp, NotTriggerScaleUp,
   Karpenter's Nominated);
@@ -39,7 +39,7 @@ from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
 from ..errors import GpuClassError
-from ..tags import (GPU_CLASS_TAG, GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
+from ..tags import (GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
                     waiting_since)
 from . import kueue
 from .capacity import Decision, Event, Verdict, class_gpus, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
@@ -191,7 +191,7 @@ class CapacityWatcher:
                 if workload is None or workload.state != "admitted":
                     self._without_pod(run, job, report)
                 continue
-            count = int(run.tags.get(GPU_COUNT_TAG, "1"))
+            count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
             verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
             verdicts[run.run_id] = (run, gpu_class, count, verdict)
 
@@ -216,7 +216,7 @@ class CapacityWatcher:
         for run, gpu_class, workload, job in queued.values():
             place = kueue_positions.get(workload.name)
             ahead = list(dict.fromkeys(queue_lines[workload.cluster_queue][:place[0] - 1])) if place else []
-            decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(GPU_COUNT_TAG, "1")),
+            decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(RUN_GPU_COUNT_TAG, "1")),
                               place, now, queue=f"in ClusterQueue {workload.cluster_queue}", ahead=ahead)
             decision = replace(decision, tags={**decision.tags, KUEUE_TAG: workload.state}
                                if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)

@@ -248,3 +248,8 @@ def test_a_gpu_functions_asset_page_shows_its_class_hardware_table_columns_and_s
     assert (column.name, column.type) == ("shout", "string") and "from text" in column.description
     (reference,) = meta["dagster/code_references"].code_references
     assert reference.file_path == __file__ and reference.line_number == inspect.getsourcelines(gpu_shout)[1]
+    # What a page in another process shows of the spec: the code behind it, not a bare class name.
+    from dagster._serdes import deserialize_value, serialize_value
+
+    across = deserialize_value(serialize_value(meta["gpufn/function"]))
+    assert across.value == f"{__name__}.gpu_shout, called per row" and across.instance is None

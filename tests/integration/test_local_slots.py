@@ -100,10 +100,10 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
 
         queue_pass()  # the pass that describes the wait on the run's page and in its tags
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "waiting" and run.tags["gpufn/capacity-reason"] == "LocalSlotsInUse"
-        assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags["gpufn/waiting-since"]
+        assert run.tags["gpufn/capacity"] == "waiting" and run.tags[".dagster/gpufn/capacity-reason"] == "LocalSlotsInUse"
+        assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags[".dagster/gpufn/waiting-since"]
         holder = instance.get_run_by_id(first).tags  # the runs list shows who has the GPU
-        assert (holder["gpufn/capacity"], holder["gpufn/capacity-reason"]) == ("running", "SlotAcquired")
+        assert (holder["gpufn/capacity"], holder[".dagster/gpufn/capacity-reason"]) == ("running", "SlotAcquired")
         assert (f"Step docs__slow waits for a local GPU slot of class 'default': all 1 slot(s) in use "
                 f"(run {first[:8]} step docs__slow); first in line, 1 step(s) of the class waiting") in messages(instance, second)
         queue_pass()  # nothing changed: nothing repeated
@@ -120,14 +120,14 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         wait_for(lambda: not pending(instance), timeout=120, what="the second run's step got the freed slot")
         queue_pass()  # the wait ended: the run's page and tags say so
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "running" and run.tags["gpufn/capacity-reason"] == "SlotAcquired"
+        assert run.tags["gpufn/capacity"] == "running" and run.tags[".dagster/gpufn/capacity-reason"] == "SlotAcquired"
         assert "Its GPU steps got their local GPU slots after waiting" in messages(instance, second)
         open_gate(2)
         wait_for(lambda: instance.get_run_by_id(second).status == DagsterRunStatus.SUCCESS, timeout=240,
                  what="second run done")
         queue_pass()  # both runs ended: the tags say the present
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "released" and run.tags["gpufn/capacity-reason"] == "RunEnded"
+        assert run.tags["gpufn/capacity"] == "released" and run.tags[".dagster/gpufn/capacity-reason"] == "RunEnded"
         logs = " ".join(e.user_message for e in instance.all_logs(second))
         assert "local GPU slot 0 of class 'default', CUDA_VISIBLE_DEVICES=3" in logs
         # The Function ran with its slot's device visible (class default: local.devices = ["3"]).
@@ -218,7 +218,7 @@ def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_
         wait_for(ended, timeout=120, what="the waiting run ended")
         run = instance.get_run_by_id(second)
         assert run.status == DagsterRunStatus.CANCELED and run.tags["gpufn/capacity"] == "timed-out"
-        assert run.tags["gpufn/capacity-reason"] == "MaxWaitExceeded"
+        assert run.tags[".dagster/gpufn/capacity-reason"] == "MaxWaitExceeded"
         assert "Gave up waiting for a local GPU slot of class 'default' after" in messages(instance, second)
         assert instance.get_run_by_id(first).status == DagsterRunStatus.STARTED  # the one holding the slot is left be
         assert pending(instance) == []  # its claim was given back
@@ -262,7 +262,7 @@ def test_a_step_asking_for_more_gpus_than_local_slots_fails_at_once_as_never_fit
                   max_gpu_count_per_worker=2, local={"slots": 1}) as (instance, workspace, _, _open_gate):
         run = instance.get_run_by_id(submit(workspace, "docs__pair"))
         assert run.status == DagsterRunStatus.FAILURE  # not waiting forever
-        assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
+        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
         assert ("a step asks for 2 GPUs of class 'default', whose local.slots is 1 (a slot is one GPU)"
                 in messages(instance, run.run_id))
 
@@ -281,7 +281,7 @@ def test_a_broken_class_file_holds_only_gpu_runs_and_fixing_it_lets_them_go_with
                  what="the CPU run to succeed while the class files are broken")
         run = instance.get_run_by_id(gpu)
         assert run.status == DagsterRunStatus.QUEUED  # held: neither failed nor started
-        assert (run.tags["gpufn/capacity"], run.tags["gpufn/capacity-reason"]) == ("waiting", "ClassesInvalid")
+        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"]) == ("waiting", "ClassesInvalid")
         said = messages(instance, gpu)
         assert "Held in the queue: its GPU steps need a GPU class and the class files do not load" in said, said
         assert f"{l4}: class 'l4': field 'gpu_memroy': unknown field (did you mean 'gpu_memory'?)" in said, said

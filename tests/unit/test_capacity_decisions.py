@@ -19,10 +19,10 @@ def test_a_new_wait_is_tagged_and_told_once():
     assert first.tags[WAITING_SINCE_TAG] == "2026-11-30T17:01:13Z"
     assert "position 2 of 3" in first.event.message and FULL.message in first.event.message
     again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
-    assert again.tags == {"gpufn/queue-position": "1 of 3"} and again.event is None and again.waited_seconds == 30
+    assert again.tags == {".dagster/gpufn/queue-position": "1 of 3"} and again.event is None and again.waited_seconds == 30
     # The tag follows every move; the page hears of a move again once a minute at most.
     later = decide(FULL, {**first.tags, **again.tags}, L4, 1, (1, 2), NOW + 61)
-    assert later.tags["gpufn/queue-position"] == "1 of 2" and "now position 1 of 2" in later.event.message
+    assert later.tags[".dagster/gpufn/queue-position"] == "1 of 2" and "now position 1 of 2" in later.event.message
     assert decide(FULL, {**first.tags, **again.tags, **later.tags}, L4, 1, (1, 2), NOW + 200).tags == {}
     # The scheduler rewords its message as it retries (here: its preemption part); the reasons are the same.
     reworded = Verdict(CapacityState.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
@@ -54,10 +54,10 @@ def test_capacity_arriving_says_where_and_after_how_long():
     waiting = decide(FULL, {}, L4, 1, None, NOW).tags
     arrived = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
     assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled",
-                            "gpufn/holding-since": "2026-11-30T17:01:55Z"}  # its time on the GPU counts from here
-    estimated = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, "gpufn/wait-estimate": "about 2 min"},
+                            ".dagster/gpufn/holding-since": "2026-11-30T17:01:55Z"}  # its time on the GPU counts from here
+    estimated = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, ".dagster/gpufn/wait-estimate": "about 2 min"},
                        L4, 1, None, NOW + 98)
-    assert estimated.tags["gpufn/wait-estimate"] == "waited 2 min"  # the truth replaces the estimate
+    assert estimated.tags[".dagster/gpufn/wait-estimate"] == "waited 2 min"  # the truth replaces the estimate
     assert arrived.event.message == "GPU capacity arrived: scheduled on node l4-1 after waiting 42s"
     assert decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
 

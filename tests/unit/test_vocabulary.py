@@ -87,3 +87,16 @@ def test_embedded_mode_never_imports_the_kubernetes_client():
     out = subprocess.run([sys.executable, "-c", "import sys, gpufn_dagster.launcher; print('dagster_k8s' in sys.modules)"],
                          capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_gpufn_bookkeeping_tags_are_hidden_by_dagsters_own_rule_and_a_run_shows_at_most_three():
+    from dagster._core.storage.tags import HIDDEN_TAG_PREFIX, TagType, get_tag_type
+
+    from gpufn_dagster import tags
+
+    assert tags.HIDDEN_PREFIX.startswith(HIDDEN_TAG_PREFIX)
+    run_tags = {value for name, value in vars(tags).items() if name.endswith("_TAG") and isinstance(value, str)}
+    shown = {t for t in run_tags if get_tag_type(t) is not TagType.HIDDEN}
+    # What a user filters runs by; GPU_COUNT_TAG and SHARD_TAG are op tags (runs carry RUN_GPU_COUNT_TAG).
+    assert shown == {tags.GPU_CLASS_TAG, tags.CAPACITY_TAG, tags.PLACEMENT_TAG, tags.GPU_COUNT_TAG, tags.SHARD_TAG}
+    assert get_tag_type(tags.RUN_GPU_COUNT_TAG) is TagType.HIDDEN
