@@ -22,10 +22,10 @@ os.environ["GPUFN_CLASSES_DIR"] = str(CLASSES)
 
 
 # Debian's packages the real-part tests need: headless Chromium for the UI tests, containerd, runc
-# and the CNI plugins for the real kubelet node.
+# and the CNI plugins for the real kubelet node, PostgreSQL for instances stored as on Kubernetes.
 DEBIAN_PACKAGES = {"chromium": "/usr/bin/chromium", "chromium-driver": "/usr/bin/chromedriver",
                    "containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
-                   "containernetworking-plugins": "/usr/lib/cni/loopback"}
+                   "containernetworking-plugins": "/usr/lib/cni/loopback", "postgresql": "/usr/lib/postgresql"}
 
 
 def _missing_packages() -> list[str]:
@@ -70,8 +70,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
-    if any(item.path.name in ("test_real_node.py", "test_ui_capacity.py", "test_ui_materialize_all.py")
-           for item in session.items):
+    if any(item.path.name in ("test_real_node.py", "test_ui_capacity.py", "test_ui_materialize_all.py",
+                              "test_bench_smoke.py")
+           or item.get_closest_marker("postgres") for item in session.items):
         _install_debian_packages(say)
     if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") or item.get_closest_marker("s3")
                                               for item in session.items):
@@ -135,6 +136,21 @@ def classes_dir(tmp_path: Path) -> Path:
     target = tmp_path / "classes"
     shutil.copytree(CLASSES, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator:
+    """A real PostgreSQL server (Debian's package), once per session."""
+    from gpufn_devcluster.postgres import Postgres
+
+    with Postgres() as running:
+        yield running
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A new, empty database on the suite's PostgreSQL server, for one test's instance."""
+    return postgres_server.database()
 
 
 @pytest.fixture(scope="session")

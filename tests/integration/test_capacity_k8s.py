@@ -16,7 +16,7 @@ from dagster._core.test_utils import instance_for_test
 from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
-from ..conftest import CLASSES, NODES_PER_CLASS, wait_for
+from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
 from .test_k8s_cluster import a100, gpu_pod
 from .test_launcher import fanned_out_run, launcher_config, materialize, shard_step_pods
 
@@ -24,8 +24,13 @@ pytestmark = pytest.mark.k8s
 
 
 @pytest.fixture
-def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
-    overrides = {"run_launcher": launcher_config(cluster, namespace, classes_dir),
+def instance(cluster, namespace, classes_dir, request) -> Iterator[DagsterInstance]:
+    """The launcher's instance, stored in SQLite files -- or, for a test parametrized with
+    `instance="postgres"`, in a real PostgreSQL database, as a Kubernetes deployment stores it."""
+    postgres = getattr(request, "param", "sqlite") == "postgres"
+    overrides = {**({"storage": {"postgres": {"postgres_url": request.getfixturevalue("postgres_url")}}}
+                    if postgres else {}),
+                 "run_launcher": launcher_config(cluster, namespace, classes_dir),
                  "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
                  # The shipped Kubernetes config: run monitoring on, but no start timeout (capacity
                  # waits are bounded per class by max_wait instead).
@@ -71,6 +76,7 @@ def wait_reasons(instance: DagsterInstance, run_id: str) -> list[str]:
             if e.is_dagster_event and "Waiting for GPU capacity" in (e.message or "")]
 
 
+@pytest.mark.parametrize("instance", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, namespace, instance, watcher,
                                                                      full_a100_pool):
     run_id = materialize(instance, "frames__emb_a100")
@@ -368,3 +374,29 @@ def test_orphan_cleanup_leaves_a_job_being_deleted_alone_and_a_job_already_gone_
     gone = TickReport()
     watcher._delete_job(name, namespace, gone)  # deleting a Job that is already gone counts as done
     assert gone.deleted_jobs == [name]
+
+
+@pytest.mark.postgres
+def test_the_shipped_kubernetes_instance_config_stores_runs_in_postgres_and_its_watcher_reads_them(
+        cluster, core, namespace, classes_dir, postgres_server, monkeypatch, full_a100_pool):
+    """deploy/dagster-k8s.yaml as shipped, only its addresses pointed at this machine's servers."""
+    from urllib.parse import urlparse
+
+    shipped = yaml.safe_load((REPO / "deploy" / "dagster-k8s.yaml").read_text())
+    database = urlparse(postgres_server.database())
+    shipped["storage"]["postgres"]["postgres_db"].update(
+        {"username": database.username, "hostname": database.hostname, "port": database.port,
+         "db_name": database.path.lstrip("/")})
+    monkeypatch.setenv("DAGSTER_PG_PASSWORD", "unused")  # the server trusts local connections
+    shipped["run_launcher"] = launcher_config(cluster, namespace, classes_dir)
+    del shipped["run_queue"]  # no daemon here to dequeue: launch at once
+    shipped["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
+    with instance_for_test(overrides=shipped) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        run_id = materialize(instance, "frames__emb_a100")
+        wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+        client = cluster.api_client()
+        CapacityWatcher(instance, kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client),
+                        load_gpu_classes(classes_dir), namespace).tick()
+        assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
+        assert any("Waiting for GPU capacity" in m for m in messages(instance, run_id))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lancedb
 import pyarrow as pa
+import pytest
 import yaml
 from dagster import DagsterEventType, DagsterRunStatus
 from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
@@ -42,8 +43,11 @@ def submit(workspace, *assets: str, tags: dict[str, str] | None = None) -> str:
 
 
 @contextmanager
-def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = DEFS, **settings):
+def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = DEFS, postgres_url: str | None = None,
+             **settings):
     """The embedded coordinator on a real instance and workspace; class `default` gets `settings`.
+    The instance is stored in SQLite files, or with `postgres_url` in that PostgreSQL database
+    (dagster-postgres: runs, events, schedules and the concurrency pools), as on Kubernetes.
 
     Yields (instance, workspace, a queue-daemon pass, open(n): let the n-th `docs__slow` step to get the
     slot finish; see local_defs).
@@ -60,7 +64,8 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = DEF
     lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(rows)), "text": [f"d{i}" for i in range(rows)]}),
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
-                                     "config": {"classes_dir": str(classes_dir)}}}
+                                     "config": {"classes_dir": str(classes_dir)}},
+                 **({"storage": {"postgres": {"postgres_url": postgres_url}}} if postgres_url else {})}
     target = PythonFileTarget(python_file=str(defs), attribute="defs", working_directory=str(DEFS.parent),
                               location_name="local_slots")
     with instance_for_test(overrides=overrides) as instance, \
@@ -86,9 +91,13 @@ def succeeded_steps(instance, run_id: str) -> set[str]:
     return {e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
 
 
-def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1, "devices": ["3"]}) as (
+@pytest.mark.parametrize("storage", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path, monkeypatch, classes_dir, storage,
+                                                                       request):
+    url = request.getfixturevalue("postgres_url") if storage == "postgres" else None
+    with embedded(tmp_path, monkeypatch, classes_dir, postgres_url=url, local={"slots": 1, "devices": ["3"]}) as (
             instance, workspace, queue_pass, open_gate):
+        assert type(instance.run_storage).__name__ == ("PostgresRunStorage" if url else "SqliteRunStorage")
         first = submit(workspace, "docs__slow")
         second = submit(workspace, "docs__slow")
         queue_pass()  # launches both: a run whose GPU step must wait still starts
