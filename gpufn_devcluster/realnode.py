@@ -31,6 +31,7 @@ from typing import Any
 from gpufn_dagster.classes import GpuClass
 
 from .cluster import DevCluster
+from .nodes import CPU_POOL
 from .processes import ClusterError, free_port, spawn, stop_all, wait_ready
 
 PAUSE_IMAGE = "gpufn.local/pause:1"
@@ -103,11 +104,13 @@ def oci_archive(files: dict[str, bytes], name: str, entrypoint: list[str]) -> by
 
 @dataclass
 class RealNode:
-    """A kubelet + containerd node named `name`, joined to `cluster` as a node of `gpu_class`."""
+    """A kubelet + containerd node named `name`, joined to `cluster` as a node of `gpu_class`
+    (its labels, its taint, `gpus` of its GPU resource), or with `gpu_class=None` as a CPU node
+    (pool `cpu`, no taint, no GPU): several run side by side on one machine."""
 
     bin_dir: Path
     cluster: DevCluster
-    gpu_class: GpuClass
+    gpu_class: GpuClass | None
     gpus: int = 1
     name: str = "real-0"
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpufn-node-")))
@@ -136,6 +139,8 @@ class RealNode:
         core = self.cluster_api()
         kubelet, log = self.processes["kubelet"], self.workdir / "kubelet.log"
         wait_ready(f"kubelet (node {self.name} Ready)", kubelet, lambda: self._ready(core), log, timeout, poll=0.5)
+        if self.gpu_class is None:
+            return
         core.patch_node_status(self.name, {"status": {"capacity": {self.gpu_class.resource_name: str(self.gpus)}}})
         wait_ready(f"node {self.name} showing {self.gpus} {self.gpu_class.resource_name}", kubelet,
                    lambda: (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name)
@@ -196,8 +201,9 @@ state = "{self.workdir}/containerd/state"
                    timeout)
 
     def _kubelet(self) -> None:
+        tolerations = self.gpu_class.tolerations if self.gpu_class else []
         taints = "".join(f"\n  - {{key: {t.key}, value: {t.value or ''}, effect: {t.effect}}}"
-                         for t in self.gpu_class.tolerations if t.key and t.operator == "Equal")
+                         for t in tolerations if t.key and t.operator == "Equal")
         config = self.workdir / "kubelet.yaml"
         config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -221,7 +227,9 @@ localStorageCapacityIsolation: false
 podLogsDir: {self.workdir / "pods"}
 registerWithTaints:{taints or " []"}
 """)
-        labels = {**self.gpu_class.node_selector, "gpufn.dev/pool": self.gpu_class.name, REAL_NODE_LABEL: "true"}
+        pool = {**self.gpu_class.node_selector, "gpufn.dev/pool": self.gpu_class.name} if self.gpu_class else \
+            {"gpufn.dev/pool": CPU_POOL}
+        labels = {**pool, REAL_NODE_LABEL: "true"}
         self.processes["kubelet"] = spawn(self.bin_dir / "kubelet", [
             f"--config={config}", f"--kubeconfig={self.cluster.kubeconfig}", f"--root-dir={self.workdir / 'kubelet'}",
             f"--cert-dir={self.workdir / 'pki'}", f"--hostname-override={self.name}", "--node-ip=127.0.0.1",

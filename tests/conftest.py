@@ -70,8 +70,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
-    if any(item.path.name in ("test_real_node.py", "test_ui_capacity.py", "test_ui_materialize_all.py",
-                              "test_bench_smoke.py")
+    if any(item.path.name in ("test_real_node.py", "test_deployment.py", "test_ui_capacity.py",
+                              "test_ui_materialize_all.py", "test_bench_smoke.py")
            or item.get_closest_marker("postgres") for item in session.items):
         _install_debian_packages(say)
     if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") or item.get_closest_marker("s3")
