@@ -20,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -50,6 +51,26 @@ def missing_runtime() -> str | None:
         return (f"{', '.join(absent)} not installed (Debian: apt-get install containerd runc "
                 "containernetworking-plugins)")
     return None
+
+
+def shims(address_part: str = "gpufn-node-", orphaned: bool = False) -> list[int]:
+    """The containerd shims alive whose containerd socket's path holds `address_part` (by default,
+    those of any real node started here); with `orphaned`, only those whose socket is gone with
+    its node (a node still running, another session's too, keeps its socket)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not words or "containerd-shim" not in words[0] or "-address" not in words[:-1]:
+            continue
+        address = words[words.index("-address") + 1]
+        if address_part in address and not (orphaned and Path(address).exists()):
+            found.append(int(proc.name))
+    return found
 
 
 def host_mounts() -> tuple[str, ...]:
@@ -236,6 +257,16 @@ registerWithTaints:{taints or " []"}
             "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items())],
             self.workdir / "kubelet.log", self.workdir)
 
+    def _kill_shims(self) -> None:
+        """SIGKILL this node's containerd shims that outlived containerd: each runs in a session of
+        its own (so no process group of ours holds it) and one whose task was torn down while
+        containerd stopped stays, idle, for good."""
+        for pid in shims(str(self.socket)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile
+                pass
+
     def stop(self) -> None:
         """Stop the kubelet, then every pod's containers and containerd; remove the node and the workdir."""
         kubelet = {k: v for k, v in self.processes.items() if k == "kubelet"}
@@ -246,6 +277,7 @@ registerWithTaints:{taints or " []"}
                            capture_output=True)
         stop_all({k: v for k, v in self.processes.items() if k != "kubelet"})
         self.processes.clear()
+        self._kill_shims()
         subprocess.run(["bash", "-c", f"grep -o '{self.workdir}[^ ]*' /proc/mounts | sort -r | xargs -r umount -l"],
                        capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -104,15 +105,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the suite when a server or cluster process a test started is still alive at the end (and
     kill it): a helper that lets one outlive its test leaves a machine with strays running."""
     from gpufn_devcluster.processes import kill_survivors, survivors
+    from gpufn_devcluster.realnode import shims
 
     if os.environ.get("CI", "").lower() == "true" and _SKIPPED:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         (reporter.write_line if reporter else print)(
             "\nCI=true: a real-part test that skips is not evidence, and these skipped:\n  " + "\n  ".join(_SKIPPED))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    alive = survivors()
+    stray_shims = shims(orphaned=True)  # a stopped node's; they run in sessions of their own
+    alive = survivors() + [f"pid {pid}: a stopped real node's containerd shim" for pid in stray_shims]
     if alive:
         kill_survivors()
+        for pid in stray_shims:
+            os.kill(pid, signal.SIGKILL)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         (reporter.write_line if reporter else print)(
             "\nprocesses started by the suite were still alive at its end (killed now):\n  " + "\n  ".join(alive))

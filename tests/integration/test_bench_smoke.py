@@ -19,6 +19,7 @@ BENCH = REPO / "bench"
 # script -> (tiny arguments, what its output always holds, needs the built control plane)
 CASES = {
     "capacity_bench.py": (["--runs", "3"], "| postgres / sqlite |", True),
+    "deploy_bench.py": (["--shards", "1", "--fragment-rows", "1100"], "| launch -> commit done |", True),
     "fanout_bench.py": (["--rows", "1200", "--workers", "1,2", "--storage-rows", "2000", "--plan-rows", "20000"],
                         "|", True),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
