@@ -278,6 +278,10 @@ registerWithTaints:{taints or " []"}
         stop_all({k: v for k, v in self.processes.items() if k != "kubelet"})
         self.processes.clear()
         self._kill_shims()
+        try:  # the Node object too: a later test counting the cluster's nodes sees only its own
+            self.cluster_api().delete_node(self.name)
+        except Exception:  # noqa: BLE001 - never registered, or the control plane is already gone
+            pass
         subprocess.run(["bash", "-c", f"grep -o '{self.workdir}[^ ]*' /proc/mounts | sort -r | xargs -r umount -l"],
                        capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
