@@ -25,23 +25,13 @@ import pyarrow as pa
 
 from gpufn_dagster.classes import load_gpu_classes
 from gpufn_devcluster.cluster import DevCluster, binaries_dir
-from gpufn_devcluster.deployment import Deployment
+from gpufn_devcluster.deployment import Deployment, small_classes
 from gpufn_devcluster.objectstore import ObjectStore
 from gpufn_devcluster.postgres import Postgres
 from gpufn_devcluster.realnode import RealNode
 
 REPO = Path(__file__).resolve().parents[1]
 DEFS = REPO / "tests" / "integration" / "realnode_defs.py"
-
-
-def _classes(target: Path) -> Path:
-    """The shipped classes, l4 asking little enough CPU and memory for this machine's nodes."""
-    for path in (REPO / "classes").glob("*.yaml"):
-        text = path.read_text()
-        if path.name == "l4.yaml":
-            text = text.replace('cpu: "4"', 'cpu: "100m"').replace("memory: 16Gi", "memory: 512Mi")
-        (target / path.name).write_text(text)
-    return target
 
 
 def _docs(start: int, count: int) -> pa.Table:
@@ -87,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.shards.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gpufn-deploy-bench-"))
-    classes = _classes(Path(tempfile.mkdtemp(prefix="gpufn-deploy-classes-")))
+    classes = small_classes(REPO / "classes", Path(tempfile.mkdtemp(prefix="gpufn-deploy-classes-")))
     results: dict[int, dict[str, float]] = {}
     with DevCluster(binaries_dir()) as cluster, ObjectStore(binaries_dir()) as store, Postgres() as postgres, \
             RealNode(binaries_dir(), cluster, load_gpu_classes(classes)["l4"], gpus=max(counts), name="real-l4") as _, \

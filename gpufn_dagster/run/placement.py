@@ -103,15 +103,25 @@ def decode_step_placements(text: str) -> dict[str, PodPlacement]:
     return {key: PodPlacement.from_json(value) for key, value in json.loads(text).items()}
 
 
+def step_request(step_tags: Mapping[str, str] | None) -> tuple[str, int] | None:
+    """One step's GPU request (class, GPU count) from its op tags, or None for a CPU step.
+
+    >>> step_request({"gpufn/gpu-class": "l4", "gpufn/gpu-count": "2"}), step_request({"gpufn/gpu-count": "0"})
+    (('l4', 2), None)
+    """
+    if not step_tags or GPU_CLASS_TAG not in step_tags:
+        return None
+    return step_tags[GPU_CLASS_TAG], int(step_tags.get(GPU_COUNT_TAG, "1"))
+
+
 def step_gpu_request(step_tags: Mapping[str, str] | None) -> str | None:
     """The `request_key` of one step's GPU request, or None for a CPU step.
 
     >>> step_gpu_request({"gpufn/gpu-class": "l4", "gpufn/gpu-count": "2"}), step_gpu_request({"gpufn/gpu-count": "0"})
     ('l4 x2', None)
     """
-    if not step_tags or GPU_CLASS_TAG not in step_tags:
-        return None
-    return request_key(step_tags[GPU_CLASS_TAG], int(step_tags.get(GPU_COUNT_TAG, "1")))
+    request = step_request(step_tags)
+    return None if request is None else request_key(*request)
 
 
 def gpu_requests(step_tags: Iterable[Mapping[str, str] | None]) -> dict[str, int]:
@@ -122,11 +132,9 @@ def gpu_requests(step_tags: Iterable[Mapping[str, str] | None]) -> dict[str, int
     {'l4': 2}
     """
     requests: dict[str, int] = {}
-    for tags in step_tags:
-        if not tags or GPU_CLASS_TAG not in tags:
-            continue
-        count = int(tags.get(GPU_COUNT_TAG, "1"))
-        requests[tags[GPU_CLASS_TAG]] = max(count, requests.get(tags[GPU_CLASS_TAG], 0))
+    for request in filter(None, map(step_request, step_tags)):
+        name, count = request
+        requests[name] = max(count, requests.get(name, 0))
     return requests
 
 

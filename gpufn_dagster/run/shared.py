@@ -20,10 +20,10 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
 from ..errors import PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, GPU_COUNT_TAG, SHARD_TAG,
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG,
                     WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, waiting_since)
 from .kueue import run_priority
-from .placement import PodPlacement, Placement, gpu_requests, resolve_placement, step_gpu_request
+from .placement import PodPlacement, Placement, gpu_requests, request_key, resolve_placement, step_request
 
 # The config key the Kubernetes launcher and the local run coordinator add to their dagster.yaml schema.
 CLASSES_DIR_CONFIG = {
@@ -106,10 +106,9 @@ def _step_placements(step_tags: list[dict[str, str]], classes_dir: ClassesDir, p
     """Each distinct GPU request of the run's steps (class x count), placed on its own."""
     classes = cached_gpu_classes(classes_dir)
     out: dict[str, PodPlacement] = {}
-    for tags in step_tags:
-        key = step_gpu_request(tags)
-        if key is not None and key not in out:
-            placement = resolve_placement({tags[GPU_CLASS_TAG]: int(tags.get(GPU_COUNT_TAG, "1"))}, classes)
+    for request in filter(None, map(step_request, step_tags)):
+        if (key := request_key(*request)) not in out:
+            placement = resolve_placement(dict([request]), classes)
             out[key] = PodPlacement.decide(replace(placement, priority=priority))
     return out
 

@@ -25,27 +25,15 @@ import pytest
 from gpufn_dagster.classes import load_gpu_classes
 from gpufn_dagster.refresh.files import TableFiles
 from gpufn_devcluster.cluster import binaries_dir
-from gpufn_devcluster.deployment import Deployment
+from gpufn_devcluster.deployment import Deployment, small_classes
 from gpufn_devcluster.realnode import RealNode, missing_runtime
 
-from ..conftest import wait_for
+from ..conftest import CLASSES, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3, pytest.mark.postgres]
 DEFS = Path(__file__).with_name("realnode_defs.py")
 FRAGMENT_ROWS = 1200  # a shard takes at least 1,024 rows
 ROW_SECONDS = 0.02  # each call's time, so a shard can be caught while it computes
-
-
-def deploy_classes(target: Path) -> Path:
-    """The shipped classes, l4 asking little enough CPU and memory for this machine's nodes."""
-    from ..conftest import CLASSES
-
-    for path in CLASSES.glob("*.yaml"):
-        text = path.read_text()
-        if path.name == "l4.yaml":
-            text = text.replace('cpu: "4"', 'cpu: "100m"').replace("memory: 16Gi", "memory: 512Mi")
-        (target / path.name).write_text(text)
-    return target
 
 
 @dataclass
@@ -90,7 +78,7 @@ def deployment(cluster, object_store, postgres_server, tmp_path_factory) -> Iter
     if why:
         pytest.skip(f"no real node on this machine: {why}")
     work = tmp_path_factory.mktemp("deployment")
-    classes = deploy_classes(tmp_path_factory.mktemp("deploy-classes"))
+    classes = small_classes(CLASSES, tmp_path_factory.mktemp("deploy-classes"))
     db_uri = object_store.uri(f"deploy-{work.name}")
     log = work / "calls.log"
     # Two fragments, so the first refresh spreads over two shards.
