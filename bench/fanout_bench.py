@@ -10,7 +10,7 @@
 2. `storage`: the same refresh (`refresh_column`, a trivial batch Function) of the same table on a
    local directory and on the object store (SeaweedFS on this machine, S3 API): rows/s of each and
    the ratio.
-3. `plan`: planning a refresh of a 10M-row table after 1 % of its rows changed (`plan_refresh`,
+3. `plan`: planning a refresh of a 10M-row table after 1 % of its rows changed (`ColumnRefresh.plan`,
    fragment metadata only): its time, and how many fragments and rows it plans.
 
     .venv/bin/python bench/fanout_bench.py --rows 96000 --storage-rows 1000000 --plan-rows 10000000
@@ -147,7 +147,8 @@ def plan(rows: int) -> dict:
     import pyarrow.compute as pc
 
     from gpufn_dagster import make_function, refresh_column
-    from gpufn_dagster.refresh.fanout import plan_refresh
+    from gpufn_dagster.refresh.engine import ColumnRefresh, RefreshOptions
+    from gpufn_dagster.refresh.files import TableFiles
 
     def size(text: pa.Array) -> pa.Array:
         return pc.utf8_length(text)
@@ -163,7 +164,7 @@ def plan(rows: int) -> dict:
     dataset = lance.dataset(uri)
     dataset.update({"text": "'changed'"}, where="id % 100 = 0")  # 1 % of the rows, in every fragment
     started = time.monotonic()
-    planned = plan_refresh(uri, function, workers=8, lease_token="bench")
+    planned = ColumnRefresh(TableFiles(uri), function, RefreshOptions(lease_token="bench")).plan(workers=8)
     seconds = time.monotonic() - started
     result = {"rows": lance.dataset(uri).count_rows(), "fragments": len(lance.dataset(uri).get_fragments()),
               "fragments_planned": planned.fragments, "rows_planned": planned.rows, "plan_seconds": round(seconds, 3)}

@@ -13,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "Function": "functions", "FunctionDefinitionError": "errors", "FunctionOptions": "options",
     "GpuClass": "classes", "GpuClassError": "errors", "GpufnError": "errors", "LanceDBResource": "resources",
-    "RefreshResult": "refresh.engine", "TableNotFound": "errors", "build_definitions": "definitions",
+    "ColumnRefresh": "refresh.engine", "RefreshOptions": "refresh.engine", "RefreshResult": "refresh.results", "TableNotFound": "errors", "build_definitions": "definitions",
     "function_asset": "assets", "function_of": "asset_spec", "gpu_function": "assets", "list_gpu_classes": "classes",
     "load_gpu_classes": "classes", "make_function": "functions", "materialized_view_asset": "views",
     "refresh_column": "refresh.engine", "gpu_classes_executor": "run.executor",

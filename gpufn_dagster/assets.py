@@ -23,7 +23,7 @@ from .errors import FunctionDefinitionError, GpuClassError
 from .fanout_asset import fanout_asset
 from .functions import Function, make_function
 from .options import document_options
-from .refresh.engine import refresh_column
+from .refresh.engine import ColumnRefresh, RefreshOptions
 from .refresh.progress import Progress
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
@@ -154,9 +154,9 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     def report(progress: Progress) -> None:
         context.log.info(f"{function.name}: {progress.line()}")
 
-    result = refresh_column(lancedb.table_files(function.table).uri, function, report=report,
-                            upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
-                            on_wait=context.log.info, storage_options=lancedb.storage_options)
+    result = ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
+        report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
+        on_wait=context.log.info)).refresh()
     record_errors(lancedb, function, result, context.run.run_id)
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 

@@ -1,6 +1,6 @@
 """A Function whose refresh spreads over several GPU workers, as one Dagster asset.
 
-The asset is a graph of three ops (`refresh.fanout` does the work):
+The asset is a graph of three ops, one per verb of the engine (`refresh.engine.ColumnRefresh`):
 
     <name>_plan  -- CPU: the lease, the columns, the plan and its shards (a dynamic output)
     <name>_shard -- one step per shard, on the Function's GPU class: computes its rows
@@ -27,8 +27,8 @@ import dagster as dg
 from .asset_spec import reads
 from .classes import ClassNow, GpuClass
 from .functions import Function
-from .refresh.engine import refresh_column
-from .refresh.fanout import RefreshPlan, ShardResult, compute_shard, plan_refresh
+from .refresh.engine import ColumnRefresh, RefreshOptions
+from .refresh.results import RefreshPlan, ShardResult
 from .refresh.progress import Progress
 from .refresh.shards import Shard
 from .reporting import WorkerFigures, device_used, record_errors, refresh_metadata
@@ -43,6 +43,13 @@ SHARD_RETRIES = 3
 def _token(context: dg.OpExecutionContext) -> str:
     """Who holds the refresh's lease across its steps: the run, or the run it re-executes."""
     return context.run.root_run_id or context.run.run_id
+
+
+def _column(context: dg.OpExecutionContext, lancedb: LanceDBResource, function: Function,
+            **options: Any) -> ColumnRefresh:
+    """The engine for one step of the run: every step holds the refresh's lease under the run's token."""
+    return ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
+        lease_token=_token(context), holder=f"run {context.run.run_id}", on_wait=context.log.info, **options))
 
 
 def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDefinition:
@@ -61,10 +68,8 @@ def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDef
         if workers < 1:
             raise dg.Failure(f"Function {function.name!r}: run config 'workers': must be at least 1, got {workers}")
         gpu_class = class_now()
-        planned = plan_refresh(
-            lancedb.table_files(function.table).uri, function, workers=workers, lease_token=_token(context),
-            gpu_budget=gpu_class.max_gpus_per_refresh if gpu_class else None, storage_options=lancedb.storage_options,
-            upstream=reads(context.assets_def), holder=f"run {context.run.run_id}", on_wait=context.log.info)
+        planned = _column(context, lancedb, function, upstream=reads(context.assets_def)).plan(
+            workers, gpu_budget=gpu_class.max_gpus_per_refresh if gpu_class else None)
         context.log.info(
             f"{function.name}: {planned.rows:,} rows to check in {planned.fragments} fragments at table version "
             f"{planned.read_version}, split into {len(planned.shards)} shard(s) of "
@@ -101,9 +106,7 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
             context.log.info(f"{name}: {progress.line()}")
 
         with step_slot(context, class_now(), function.gpu_count):
-            result = compute_shard(lancedb.table_files(function.table).uri, function, shard, plan.read_version,
-                                   lease_token=_token(context), storage_options=lancedb.storage_options,
-                                   report=report, holder=f"run {context.run.run_id}", on_wait=context.log.info)
+            result = _column(context, lancedb, function, report=report).compute_shard(shard, plan.read_version)
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
                                      "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
         return result
@@ -122,9 +125,7 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
     )
     def commit(context: dg.OpExecutionContext, lancedb: LanceDBResource, plan: RefreshPlan,
                results: list[ShardResult]) -> None:
-        result = refresh_column(lancedb.table_files(function.table).uri, function, assemble_only=True,
-                                lease_token=_token(context), holder=f"run {context.run.run_id}",
-                                on_wait=context.log.info, storage_options=lancedb.storage_options)
+        result = _column(context, lancedb, function).commit_shards()
         record_errors(lancedb, function, result, context.run.run_id)
         if result.fragments_left:
             context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from .classes import GpuClass
 from .functions import Function
-from .refresh.engine import RefreshResult
+from .refresh.results import RefreshResult
 from .resources import LanceDBResource
 
 ERRORS_TABLE = "gpufn_errors"

@@ -1,19 +1,35 @@
-"""Refreshing a Function column: plan, compute per fragment, write, commit once.
+"""Refreshing a Function column: the engine's doorway, one object with a verb per step.
+
+`ColumnRefresh(files, function, options)` is the refresh of one Function's column of one table.
+Its verbs:
+
+- `refresh()`: plan, compute per fragment, write, commit once -- the whole refresh on one worker.
+- `plan(workers)`, `compute_shard(shard, read_version)`, `commit_shards()`: the same refresh
+  spread over several GPU workers, as three steps in different processes (or pods) that share
+  nothing but the table's storage. The plan takes the column's lease under the run's token, adds
+  the columns, plans the stale fragments from metadata and splits them into shards balanced by
+  rows (`shards`); the version it read is the one every shard reads. A shard computes its rows
+  with the same pipeline as `refresh` (`fragments`): whole fragments become finished fragment
+  files, parts of fragments checkpoint chunks; a shard killed midway is retried and resumes from
+  its own checkpoints, and the other shards' work is never redone. The commit plans again on
+  the latest version and joins every fragment's files and chunks without calling the Function.
 
 The column's values for a fragment are written as one new Lance data file aligned to the
 fragment's physical rows (deleted rows hold NULL; `fragments` computes them), and all fragments
-are committed in a single `DataReplacement` at the version the plan read. DataReplacement only
-conflicts with a writer that touches the same fragment *and* field (or compacts it), so rows
-appended, updated or deleted meanwhile are kept; appended rows are filled by the next refresh.
-One commit means readers never see a column half from one Function version and half from another.
+are committed in a single `DataReplacement` at the version the plan read (`commit`).
+DataReplacement only conflicts with a writer that touches the same fragment *and* field (or
+compacts it), so rows appended, updated or deleted meanwhile are kept; appended rows are filled
+by the next refresh, and a fragment changed since a fanned-out plan is left for it too. One
+commit means readers never see a column half from one Function version and half from another.
 
 A fragment in which no row changes is not rewritten (a rewrite would drop its rows from the
 vector index). Rows that fail under on_error="skip" are stored with the signature `FAILED`, so
-the next refresh retries them. Refreshes of one column are serialized by a lease (`lease`), and
-a Function reading another Function's column refuses to start while that column is not current.
+the next refresh retries them. Refreshes of one column are serialized by a lease (`lease`); a
+fanned-out refresh holds one lease from its plan to its commit. A Function reading another
+Function's column refuses to start while that column is not current.
 
-A refresh spread over several workers (`fanout`) ends here too: its commit step runs this with
-`assemble_only`, joining the shards' checkpoints into fragment files without calling the Function.
+No scheduler of our own: the steps of a fanned-out refresh are Dagster steps of one run
+(`fanout_asset`), placed like any GPU step.
 """
 
 from __future__ import annotations
@@ -21,165 +37,295 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-import lance
-from lance.commit import CommitConflictError
 
-from ..errors import CommitRacesLost, CommitRefused
+from ..errors import CommitRacesLost
 from ..functions import Function
-from .batches import BatchSizer
-from .checkpoint import CheckpointStore
 from .columns import ensure_columns
-from .execute import BatchFit, RowError
+from .commit import Publisher, commit_groups, state_after
 from .files import TableFiles
-from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, compute_fragments
+from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, assemble_fragment, compute_fragments, \
+    refresh_fragment, refresh_range
 from .gpu_stats import GpuSampler, visible_gpus
 from .lease import DEFAULT_TTL, ColumnLease
-from .leftovers import WrittenFiles
-from .plan import content_keys, plan_fragments
+from .plan import FragmentWork, content_keys, plan_fragments
 from .progress import Progress, Ticker
+from .results import RefreshPlan, RefreshResult, ShardResult
+from .shards import Piece, Shard, split_work, why_fewer_shards, workers_within_budget
 from .signature import check_input_types
 from .state import ColumnState, load_state, save_state
 from .upstream import check_upstream
+from .worker import Worker
 
 _COMMIT_ATTEMPTS = 5
+# A refresh spread over steps holds its lease between them too, while a shard's pod may wait for a
+# GPU node: renewed while a step runs, it lapses this long after the last step of a killed run.
+FANOUT_LEASE_SECONDS = 900.0
 
 
-@dataclass
-class RefreshResult:
-    function_version: str
-    version_before: int
-    version_after: int
-    rows_computed: int
-    rows_failed: int
-    rows_checked: int
-    rows_total: int  # live rows of the table at version_after
-    fragments_visited: int
-    fragments_rewritten: int
-    fragments_total: int
-    wall_seconds: float
-    lease_wait_seconds: float
-    errors: list[RowError]
-    recovered: list[int]
-    leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
-    load_seconds: float = 0.0  # constructing the Function's callable (loading its model), all attempts
-    compute_seconds: float = 0.0  # computing rows, over every attempt, the load and the commit left out
-    busy_seconds: float = 0.0  # of those, the time spent inside the Function
-    first_values_seconds: float | None = None  # from the start to the first computed values (None: none computed)
-    oom_splits: int = 0  # batches retried in halves after running out of device memory
-    batch_rows_that_fit: int | None = None  # the most rows a call took after a split (None: no split)
-    batch_rows_largest: int = 0  # the most rows one batch was sized to (the probe, then adapted)
-    gpu: dict[str, float] = field(default_factory=dict)  # NVIDIA's figures over the refresh, when available
-    versions_published: int = 0  # intermediate commits (publish_every_rows) before the final one
-    fragments_left: int = 0  # assembling shards: fragments that changed meanwhile, left for the next refresh
-    devices: tuple[str, ...] = ()  # the GPUs the worker saw (none: it computed on a CPU)
+@dataclass(frozen=True)
+class RefreshOptions:
+    """How a refresh runs and reports; every field has a default.
 
-    @property
-    def busy_fraction(self) -> float:
-        """Time inside the Function ÷ time computing: how busy the worker kept the model (1.0 = never idle)."""
-        return self.busy_seconds / self.compute_seconds if self.compute_seconds > 0 else 0.0
-
-    @property
-    def rows_per_second(self) -> float:
-        """Rows computed per second of computing (not of waiting for a lease or loading a model)."""
-        return self.rows_computed / self.compute_seconds if self.compute_seconds > 0 else 0.0
-
-
-def _state_after(state: ColumnState, results: list[FragmentResult]) -> ColumnState:
-    """The column state with this attempt's findings added (not yet pruned)."""
-    return ColumnState(
-        verified=state.verified | {r.work.content_key for r in results
-                                   if r.group is None and not r.outcome.errors and not r.incomplete},
-        failed_files=state.failed_files | {r.file for r in results if r.file and r.outcome.errors})
-
-
-class _Publisher:
-    """`publish_every_rows`: commits finished fragments as the refresh goes, so a days-long backfill
-    shows results before it ends. Each commit is a DataReplacement at the version the plan read,
-    like the final one; it holds only whole fragments of one Function version, so a reader of any
-    version sees each fragment's values all from one version. A commit that loses a race leaves its
-    fragments to the final commit."""
-
-    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, state: ColumnState,
-                 lease: ColumnLease):
-        self.files, self.dataset, self.function, self.state, self.lease = files, dataset, function, state, lease
-        self.every = function.publish_every_rows
-        self.pending: list[FragmentResult] = []
-        self.published: set[int] = set()  # fragment ids committed already
-        self.latest: lance.LanceDataset | None = None
-        self.commits = 0
-
-    def add(self, result: FragmentResult) -> None:
-        if self.every is None or result.group is None:
-            return
-        self.pending.append(result)
-        if sum(r.work.live_rows for r in self.pending) >= self.every:
-            self.state = _state_after(self.state, self.pending)
-            save_state(self.files, self.function.sig_column, self.state)
-            self.lease.check()
-            committed = _commit(self.files, self.dataset, self.function, [r.group for r in self.pending])
-            if committed is not None:
-                self.published |= {r.work.fragment_id for r in self.pending}
-                self.latest, self.commits = committed, self.commits + 1
-            self.pending = []
-
-
-def _commit(files: TableFiles, dataset: lance.LanceDataset, function: Function,
-            groups: list[lance.LanceOperation.DataReplacementGroup]) -> lance.LanceDataset | None:
-    """One DataReplacement of every rewritten fragment at the version read; None when a concurrent
-    writer of the same fragments won the race (the caller re-plans)."""
-    try:
-        return files.commit(lance.LanceOperation.DataReplacement(groups), dataset.version,
-                            f"gpufn refresh {function.name} version {function.version}")
-    except CommitConflictError:
-        return None
-    except OSError as err:  # not a race: retrying cannot help, so say what Lance refused
-        raise CommitRefused(
-            f"Lance refused the commit of Function {function.name!r} to table {function.table!r} "
-            f"(version {dataset.version}): {err}. Nothing was committed.") from err
-
-
-def refresh_column(
-    table_uri: str,
-    function: Function,
-    *,
-    report: Callable[[Progress], None] | None = None,
-    report_every: float = 5.0,
-    concurrency: int | None = None,
-    upstream: Sequence[Function] = (),
-    holder: str | None = None,
-    on_wait: Callable[[str], None] | None = None,
-    lease_seconds: float = DEFAULT_TTL,
-    prefetch: int = PREFETCH,
-    storage_options: dict[str, str] | None = None,
-    assemble_only: bool = False,
-    lease_token: str | None = None,
-) -> RefreshResult:
-    """Bring the Function's column up to date; returns what was done. Safe to kill and re-run.
-
-    Args:
-        table_uri: the Lance dataset (`<db>/<table>.lance`): a local path or an object store's URI
-            (`s3://bucket/db/t.lance`); checkpoints, state and the lease live beside it.
-        function: the Function spec (`make_function`).
+    Attributes:
         report: called with the progress every `report_every` seconds and at the end.
         concurrency: fragments processed at once (default: up to 4, by CPU count).
         upstream: Functions whose output columns this one reads; the refresh refuses to start
             while one of them is not current (`UpstreamNotCurrent`).
         holder: who refreshes (a run id), shown to a refresh of the same column that waits.
         on_wait: called with a line while this refresh waits for another one of the same column.
-        lease_seconds: how long a killed refresh blocks the next one of the same column.
+        lease_seconds: how long a killed refresh blocks the next one of the same column (default
+            60 s for one step, `FANOUT_LEASE_SECONDS` for the lease a plan leaves to its shards).
         prefetch: batches each fragment thread reads and hashes ahead of the one the model works
             on; 0 calls the Function from the fragment threads in turn, reading nothing ahead.
-        storage_options: how to reach an object store (endpoint, region, credentials), as Lance
-            takes them; none reads the `AWS_*` environment variables.
-        assemble_only: join the checkpoints shards of this refresh computed (`fanout`) into
-            fragment files and commit them, never calling the Function; a fragment they do not
-            cover (it changed since the plan) is left for the next refresh.
         lease_token: the lease's owner across processes (a run id): a refresh spread over
-            several steps holds one lease from its plan to its commit.
+            several steps holds one lease from its plan to its commit. Its verbs need one.
+
+    >>> RefreshOptions(concurrency=2, upstream=[]).upstream
+    ()
+    """
+
+    report: Callable[[Progress], None] | None = None
+    report_every: float = 5.0
+    concurrency: int | None = None
+    upstream: Sequence[Function] = ()
+    holder: str | None = None
+    on_wait: Callable[[str], None] | None = None
+    lease_seconds: float | None = None
+    prefetch: int = PREFETCH
+    lease_token: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "upstream", tuple(self.upstream))
+
+    @property
+    def workers(self) -> int:
+        """Fragment threads of one worker."""
+        return self.concurrency or min(4, os.cpu_count() or 1)
+
+
+class ColumnRefresh:
+    """The refresh of one Function's column of one table; see the module's docstring for its verbs.
+
+    Args:
+        files: the table and the engine's files beside it (`LanceDBResource.table_files`, or
+            `TableFiles(uri, storage_options)` for a local path or an object store's URI).
+        function: the Function spec (`make_function`).
+        options: how it runs and reports (`RefreshOptions`).
+
+    Example:
+        >>> import lance, pyarrow as pa, tempfile
+        >>> from gpufn_dagster.functions import make_function
+        >>> uri = tempfile.mkdtemp() + "/t.lance"
+        >>> _ = lance.write_dataset(pa.table({"x": list(range(10_000))}), uri)
+        >>> def double(x: int) -> int:
+        ...     return 2 * x
+        >>> column = ColumnRefresh(TableFiles(uri), make_function(double, table="t", column="y"),
+        ...                        RefreshOptions(lease_token="run-1"))
+        >>> plan = column.plan(workers=4)
+        >>> [shard.rows for shard in plan.shards]
+        [2500, 2500, 2500, 2500]
+        >>> [column.compute_shard(s, plan.read_version).rows_computed for s in plan.shards]
+        [2500, 2500, 2500, 2500]
+        >>> column.commit_shards().fragments_rewritten, column.refresh().rows_computed
+        (1, 0)
+    """
+
+    def __init__(self, files: TableFiles, function: Function, options: RefreshOptions | None = None):
+        self.files, self.function, self.options = files, function, options or RefreshOptions()
+
+    # --- the verbs --------------------------------------------------------------------------
+
+    def refresh(self) -> RefreshResult:
+        """Bring the column up to date on this worker; returns what was done. Safe to kill and re-run."""
+        return self._commit_refreshed(refresh_fragment)
+
+    def plan(self, workers: int, *, gpu_budget: int | None = None) -> RefreshPlan:
+        """Plan a refresh over up to `workers` workers, from fragment metadata alone; the lease stays
+        held for the shards and the commit.
+
+        Args:
+            workers: the workers asked for; fewer when the GPU budgets or the rows to compute are smaller.
+            gpu_budget: the class's cap on GPUs one refresh holds at once (the Function's own is `max_gpus`).
+        """
+        self._token()
+        started, started_at = time.monotonic(), time.time()
+        self._checked()
+        with self._lease(keep=True):
+            dataset = ensure_columns(self.files, self.function)
+            work = plan_fragments(dataset, self.function, load_state(self.files, self.function.sig_column))
+            budgets = (self.function.max_gpus, gpu_budget)
+            allowed = workers_within_budget(workers, self.function.gpu_count, *budgets)
+            shards = tuple(split_work(work, allowed))
+        budget = min((b for b in budgets if b is not None), default=None)
+        rows = sum(w.live_rows for w in work)
+        return RefreshPlan(read_version=dataset.version, shards=shards, workers_asked=workers, workers=allowed,
+                           gpu_budget=budget, gpus=len(shards) * self.function.gpu_count, rows=rows,
+                           fragments=len(work), plan_seconds=time.monotonic() - started, started_at=started_at,
+                           fewer_because=why_fewer_shards(workers, allowed, len(shards), rows, budget,
+                                                          self.function.gpu_count))
+
+    def compute_shard(self, shard: Shard, read_version: int) -> ShardResult:
+        """Compute one shard of a planned refresh at the planned version (`RefreshPlan.read_version`);
+        commits nothing."""
+        self._token()
+        started = time.monotonic()
+        dataset = self.files.dataset(read_version)
+        progress = Progress()
+        with GpuSampler() as gpu, self._lease(keep=True), self._worker() as worker:
+            planned = {w.fragment_id: w
+                       for w in plan_fragments(dataset, self.function, load_state(self.files, self.function.sig_column))}
+            tasks = [(planned[p.fragment_id], p) for p in shard.pieces if p.fragment_id in planned]
+            progress.restart(sum(p.rows for _, p in tasks))
+            with Ticker(self.options.report, progress, self.options.report_every):
+                outcomes = compute_fragments(Attempt(worker, dataset, progress), tasks, self.options.workers,
+                                             step=_compute_piece)
+        total = Outcome()
+        for outcome in outcomes:
+            total.add(outcome)
+        self._report(progress)
+        first = progress.first_values_at
+        return ShardResult(index=shard.index, rows_planned=shard.rows, rows_computed=total.computed,
+                           rows_failed=len(total.errors), rows_checked=progress.rows_scanned, pieces=len(tasks),
+                           wall_seconds=time.monotonic() - started, compute_seconds=progress.computing_seconds(),
+                           busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures(),
+                           first_values_at=None if first is None else time.time() - (time.monotonic() - first),
+                           devices=visible_gpus(gpu.devices))
+
+    def commit_shards(self) -> RefreshResult:
+        """Join the checkpoints the shards computed into fragment files and commit them once, never
+        calling the Function; releases the lease. A fragment the shards do not cover (it changed
+        since the plan) is left for the next refresh (`RefreshResult.fragments_left`)."""
+        self._token()
+        return self._commit_refreshed(assemble_fragment)
+
+    # --- what the verbs share ---------------------------------------------------------------
+
+    def _token(self) -> str:
+        if not self.options.lease_token:
+            raise ValueError(f"Function {self.function.name!r}: the steps of a fanned-out refresh share one lease; "
+                             "give RefreshOptions(lease_token=<the run id>)")
+        return self.options.lease_token
+
+    def _checked(self) -> None:
+        """Refuse to start on inputs of the wrong type or an upstream column that is not current."""
+        dataset = self.files.dataset()
+        check_input_types(self.function, dataset.schema)
+        check_upstream(self.files, dataset, self.function, self.options.upstream)
+
+    def _lease(self, *, keep: bool) -> ColumnLease:
+        """The column's lease; `keep` leaves it to the next step of the same fanned-out refresh."""
+        ttl = self.options.lease_seconds
+        return ColumnLease(self.files, self.function.sig_column,
+                           self.options.holder or f"pid {os.getpid()} on {socket.gethostname()}",
+                           ttl=ttl if ttl is not None else FANOUT_LEASE_SECONDS if keep else DEFAULT_TTL,
+                           on_wait=self.options.on_wait, token=self.options.lease_token, keep=keep)
+
+    @contextmanager
+    def _worker(self) -> Iterator[Worker]:
+        """What every attempt of one verb shares; the Function's instance is closed at the end."""
+        worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report)
+        try:
+            yield worker
+        finally:
+            worker.instance.close()
+
+    def _report(self, progress: Progress) -> None:
+        if self.options.report:
+            self.options.report(progress)
+
+    def _commit_refreshed(self, step: Callable[[Attempt, FragmentWork], FragmentResult]) -> RefreshResult:
+        """Plan, `step` every stale fragment, commit once; re-plan after a lost commit race."""
+        started = time.monotonic()
+        function, files = self.function, self.files
+        self._checked()
+        visited = rewritten = published = 0
+        lease = self._lease(keep=False)
+        with GpuSampler() as gpu, lease:
+            progress = Progress()  # its clock starts once the lease is held: waiting for it is not computing
+            with self._worker() as worker:
+                dataset = ensure_columns(files, function)
+                version_before = dataset.version
+                state = load_state(files, function.sig_column)
+                for _attempt in range(_COMMIT_ATTEMPTS):
+                    work = plan_fragments(dataset, function, state)
+                    visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
+                    progress.restart(sum(w.live_rows for w in work))
+                    publisher = Publisher(files, dataset, function, state, lease)
+                    with Ticker(self.options.report, progress, self.options.report_every):
+                        results = compute_fragments(Attempt(worker, dataset, progress), work, self.options.workers,
+                                                    step=step, on_done=publisher.add)
+                    published += publisher.commits
+                    rewritten += len(publisher.published)
+                    computed_until = time.monotonic()  # its commit is not computing
+                    total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
+                    for result in results:
+                        total.add(result.outcome)
+                    state = state_after(state, results)
+                    groups = [r.group for r in results
+                              if r.group is not None and r.work.fragment_id not in publisher.published]
+                    if not groups:
+                        dataset = publisher.latest or dataset
+                        break
+                    save_state(files, function.sig_column, state)  # failed files are known before the commit
+                    lease.check()
+                    committed = commit_groups(files, dataset, function, groups)
+                    if committed is not None:
+                        dataset = committed
+                        rewritten += len(groups)
+                        break
+                    # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan on
+                    # the latest version; finished fragments whose state did not change are reused from
+                    # their checkpoints.
+                    dataset = files.dataset()
+                else:
+                    raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a "
+                                          "row to concurrent writers of the same fragments (compaction?); run it again")
+            current = content_keys(dataset, function)
+            in_use = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
+            save_state(files, function.sig_column, ColumnState(state.verified & current, state.failed_files & in_use))
+            files_removed = worker.written.settle(dataset)
+            worker.store.clear()
+        self._report(progress)
+        return RefreshResult(
+            function_version=function.version, version_before=version_before, version_after=dataset.version,
+            rows_computed=total.computed, rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
+            rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
+            fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
+            lease_wait_seconds=lease.waited, errors=tuple(total.errors), recovered=tuple(total.recovered),
+            leftover_files_removed=files_removed, load_seconds=progress.load_seconds,
+            compute_seconds=progress.computing_seconds(computed_until), busy_seconds=progress.busy_seconds,
+            oom_splits=worker.fit.splits, batch_rows_that_fit=worker.fit.rows, gpu=gpu.figures(),
+            devices=visible_gpus(gpu.devices), batch_rows_largest=worker.sizer.largest,
+            first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
+            fragments_left=sum(r.incomplete for r in results), versions_published=published,
+        )
+
+
+def _compute_piece(attempt: Attempt, task: tuple[FragmentWork, Piece]) -> Outcome:
+    """A whole fragment becomes its finished file; part of one, checkpoint chunks for the commit."""
+    item, piece = task
+    if piece.start == 0 and piece.end >= item.physical_rows:
+        return refresh_fragment(attempt, item).outcome
+    return refresh_range(attempt, item, piece)
+
+
+def refresh_column(table: str | TableFiles, function: Function, *, storage_options: dict[str, str] | None = None,
+                   **options: Any) -> RefreshResult:
+    """Bring the Function's column up to date on this worker: `ColumnRefresh(...).refresh()`.
+
+    Args:
+        table: the Lance dataset (`<db>/<table>.lance`): a local path or an object store's URI
+            (`s3://bucket/db/t.lance`), or its `TableFiles`; checkpoints, state and the lease
+            live beside it.
+        function: the Function spec (`make_function`).
+        storage_options: how to reach an object store (endpoint, region, credentials), as Lance
+            takes them, for a URI; none reads the `AWS_*` environment variables.
+        options: the fields of `RefreshOptions` (report, concurrency, upstream, holder, ...).
 
     Example:
         >>> import lance, pyarrow as pa, tempfile
@@ -194,83 +340,5 @@ def refresh_column(
         >>> lance.dataset(uri).to_table(columns=["y"]).column("y").to_pylist()
         [2, 4, 6]
     """
-    started = time.monotonic()
-    files = TableFiles(table_uri, storage_options)
-    dataset = files.dataset()
-    check_input_types(function, dataset.schema)
-    check_upstream(files, dataset, function, upstream)
-    visited = rewritten = published = 0
-    workers = concurrency or min(4, os.cpu_count() or 1)
-    call: Any = None
-    fit = BatchFit()
-    sizer = BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size)
-    lease = ColumnLease(files, function.sig_column, holder or f"pid {os.getpid()} on {socket.gethostname()}",
-                        ttl=lease_seconds, on_wait=on_wait, token=lease_token)
-    with GpuSampler() as gpu, lease:
-        progress = Progress()  # its clock starts once the lease is held: waiting for it is not computing
-        try:
-            dataset = ensure_columns(files, function)
-            version_before = dataset.version
-            store = CheckpointStore(files, function.sig_column, function.version)
-            written = WrittenFiles(files, function.sig_column)
-            state = load_state(files, function.sig_column)
-            for _attempt in range(_COMMIT_ATTEMPTS):
-                work = plan_fragments(dataset, function, state)
-                visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
-                progress.restart(sum(w.live_rows for w in work))
-                attempt = Attempt(files, dataset, function, store, written, report, progress, call, fit, sizer, prefetch,
-                                  assemble_only=assemble_only)
-                publisher = _Publisher(files, dataset, function, state, lease)
-                with Ticker(report, progress, report_every):
-                    results = compute_fragments(attempt, work, workers, on_done=publisher.add)
-                published += publisher.commits
-                rewritten += len(publisher.published)
-                call = attempt.call
-                computed_until = time.monotonic()  # its commit is not computing
-                total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
-                for result in results:
-                    total.add(result.outcome)
-                state = _state_after(state, results)
-                groups = [r.group for r in results
-                          if r.group is not None and r.work.fragment_id not in publisher.published]
-                if not groups:
-                    dataset = publisher.latest or dataset
-                    break
-                save_state(files, function.sig_column, state)  # failed files are known before the commit
-                lease.check()
-                committed = _commit(files, dataset, function, groups)
-                if committed is not None:
-                    dataset = committed
-                    rewritten += len(groups)
-                    break
-                # A concurrent commit touched a fragment we rewrote (compaction, an update). Re-plan on
-                # the latest version; finished fragments whose state did not change are reused from
-                # their checkpoints.
-                dataset = files.dataset()
-            else:
-                raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a row to "
-                                   "concurrent writers of the same fragments (compaction?); run it again")
-        finally:
-            if call is not None and hasattr(call, "close"):
-                call.close()
-        current = content_keys(dataset, function)
-        in_use = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
-        save_state(files, function.sig_column,
-                   ColumnState(state.verified & current, state.failed_files & in_use))
-        files_removed = written.settle(dataset)
-        store.clear()
-    if report:
-        report(progress)
-    return RefreshResult(
-        function_version=function.version, version_before=version_before, version_after=dataset.version,
-        rows_computed=total.computed, rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
-        rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
-        fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
-        lease_wait_seconds=lease.waited, errors=total.errors, recovered=total.recovered,
-        leftover_files_removed=files_removed, load_seconds=progress.load_seconds,
-        compute_seconds=progress.computing_seconds(computed_until), busy_seconds=progress.busy_seconds,
-        oom_splits=fit.splits, batch_rows_that_fit=fit.rows, gpu=gpu.figures(), devices=visible_gpus(gpu.devices),
-        batch_rows_largest=sizer.largest,
-        first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
-        fragments_left=sum(r.incomplete for r in results), versions_published=published,
-    )
+    files = table if isinstance(table, TableFiles) else TableFiles(table, storage_options)
+    return ColumnRefresh(files, function, RefreshOptions(**options)).refresh()

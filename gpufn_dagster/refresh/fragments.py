@@ -13,9 +13,8 @@ a small probe first, then toward a target time per call; a call that runs out of
 is split (`execute`).
 
 Progress is checkpointed as chunks of physical rows (`checkpoint`). A shard computing part of a
-fragment (`refresh_range`) leaves only chunks; whoever commits (`refresh_fragment` with
-`assemble_only`) joins the chunks of all shards into the fragment's file without calling the
-Function.
+fragment (`refresh_range`) leaves only chunks; whoever commits (`assemble_fragment`) joins the
+chunks of all shards into the fragment's file without calling the Function.
 """
 
 from __future__ import annotations
@@ -34,17 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import RefreshStopped
-from ..functions import Function
-from .batches import BatchSizer
-from .checkpoint import CheckpointStore
-from .execute import BatchFit, RowError, Rows, call_function
-from .files import TableFiles
-from .leftovers import WrittenFiles
+from .execute import RowError, Rows, call_function
 from .plan import FragmentWork, field_ids
 from .progress import Progress
 from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
+from .worker import Worker
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
@@ -75,37 +70,32 @@ class Outcome:
                    data.get("computed", 0), data.get("changed", 0))
 
 
-
-
 @dataclass
 class FragmentResult:
     work: FragmentWork
     group: lance.LanceOperation.DataReplacementGroup | None  # None: nothing changed, nothing rewritten
     outcome: Outcome
     file: str | None
-    incomplete: bool = False  # assembling only, and the shards' chunks did not cover it (changed meanwhile)
+    incomplete: bool = False  # assembled, and the shards' chunks did not cover it (changed meanwhile)
 
 
 class Attempt:
-    """State shared by the fragment workers of one plan-compute-commit attempt."""
+    """State shared by the fragment workers of one plan-compute-commit attempt at one table version."""
 
-    def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, store: CheckpointStore,
-                 written: WrittenFiles, report: Callable[[Progress], None] | None, progress: Progress, call: Any,
-                 fit: BatchFit, sizer: BatchSizer, prefetch: int, assemble_only: bool = False):
-        self.files, self.dataset, self.function, self.store, self.written = files, dataset, function, store, written
-        self.report, self.progress, self.fit, self.sizer, self.prefetch = report, progress, fit, sizer, prefetch
-        self.assemble_only = assemble_only  # join the shards' chunks; never call the Function
+    def __init__(self, worker: Worker, dataset: lance.LanceDataset, progress: Progress):
+        self.files, self.function, self.store, self.written = worker.files, worker.function, worker.store, worker.written
+        self.instance, self.fit, self.sizer, self.prefetch = worker.instance, worker.fit, worker.sizer, worker.prefetch
+        self.report, self.dataset, self.progress = worker.report, dataset, progress
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
-        self.call = call
         self.stop = threading.Event()  # set when a fragment failed: the others end early
         # The one thread that calls the Function (prefetch 0: each fragment thread calls it in turn).
-        self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if prefetch else None
-        names = [*function.columns, function.sig_column]
+        self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if self.prefetch else None
+        names = [*self.function.columns, self.function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
         self.out_ids = field_ids(dataset, names)
         # A fragment the Function never wrote needs only its inputs; others also their stored outputs.
-        self.new_scan = {n: f"`{n}`" for n in function.inputs} | scan_expressions(function, dataset.schema)
+        self.new_scan = {n: f"`{n}`" for n in self.function.inputs} | scan_expressions(self.function, dataset.schema)
         self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}
 
     def submit(self, inputs: pa.RecordBatch, rows: Rows) -> Future[tuple[pa.Array, list[RowError]]]:
@@ -123,11 +113,10 @@ class Attempt:
         if self.stop.is_set():
             raise RefreshStopped
         with self.call_lock:
-            if self.call is None:
-                self.call = self._load()
+            call = self.instance.get(self.progress, self.report)
             began = time.monotonic()
             try:
-                return call_function(self.call, self.function, inputs, rows, self.fit)
+                return call_function(call, self.function, inputs, rows, self.fit)
             finally:
                 done = time.monotonic()
                 self.progress.busy_seconds += done - began
@@ -138,20 +127,6 @@ class Attempt:
     def close(self) -> None:
         if self.model is not None:
             self.model.shutdown(wait=True, cancel_futures=True)
-
-    def _load(self) -> Any:
-        """Construct the Function's callable (a class loads its model here): only once some row needs
-        computing, timed apart from the rows, and said in the run log as it starts and ends."""
-        self.progress.loading_since = time.monotonic()
-        if self.report:
-            self.report(self.progress)
-        try:
-            return self.function.open()
-        finally:
-            self.progress.load_seconds += time.monotonic() - self.progress.loading_since
-            self.progress.loading_since = None
-            if self.report:
-                self.report(self.progress)
 
     def advance(self, scanned: int, outcome: Outcome) -> None:
         with self.lock:
@@ -331,23 +306,20 @@ def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
         finish(staged.popleft())
 
 
-def refresh_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
-    """Compute one fragment's new column file, reusing checkpointed chunks.
-
-    Checkpointed chunks cover the fragment from its first row on (a shard's chunks join those of
-    the shard before it); they are written again as they are, and computing resumes at the first
-    row after them. With `attempt.assemble_only` nothing is computed: a fragment the chunks do not
-    cover whole is left as it is (`incomplete`), for the next refresh.
-    """
+def _restored(attempt: Attempt, item: FragmentWork) -> FragmentResult | tuple[list[tuple[int, str]], int]:
+    """The fragment's result when an earlier attempt finished it; else its checkpointed chunks from
+    its first row on (a shard's chunks join those of the shard before it) and the row after them."""
     done = attempt.store.load_fragment(item)
     if done is not None and (done["file"] is None or attempt.files.exists(f"data/{done['file']}")):
         result = _finished(attempt, item, done)
         attempt.advance(item.live_rows, result.outcome)
         return result
     chain = _chain(attempt.store.chunks(item), 0, item.physical_rows)
-    resume_at = chain[-1][0] if chain else 0
-    if attempt.assemble_only and resume_at < item.physical_rows and item.live_rows:
-        return FragmentResult(item, None, Outcome(), None, incomplete=True)
+    return chain, chain[-1][0] if chain else 0
+
+
+def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]], resume_at: int) -> FragmentResult:
+    """Write the fragment's new file: its checkpointed chunks as they are, then the rows after them computed."""
     name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
     attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
     writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
@@ -374,6 +346,28 @@ def refresh_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
     if resume_at < item.physical_rows:
         _compute_rows(attempt, item, resume_at, item.physical_rows, finish)
     return _close_fragment(attempt, item, writer, total, item.reason == "new")
+
+
+def refresh_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
+    """Compute one fragment's new column file, reusing checkpointed chunks: computing resumes at
+    the first row after them."""
+    restored = _restored(attempt, item)
+    if isinstance(restored, FragmentResult):
+        return restored
+    return _rewrite(attempt, item, *restored)
+
+
+def assemble_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
+    """Join the chunks the shards of a fanned-out refresh computed into the fragment's new file,
+    never calling the Function; a fragment the chunks do not cover whole (it changed since the
+    plan) is left as it is (`incomplete`), for the next refresh."""
+    restored = _restored(attempt, item)
+    if isinstance(restored, FragmentResult):
+        return restored
+    chain, resume_at = restored
+    if resume_at < item.physical_rows and item.live_rows:
+        return FragmentResult(item, None, Outcome(), None, incomplete=True)
+    return _rewrite(attempt, item, chain, resume_at)
 
 
 def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome:

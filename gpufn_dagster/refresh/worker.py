@@ -1,0 +1,79 @@
+"""What the fragment workers of one refresh verb share across its attempts (a commit race re-plans
+on a newer table version and starts a new attempt): the Function's loaded instance, its
+checkpoints and the data files it wrote, and what earlier calls taught the batch sizes.
+
+The instance is loaded once per verb, on the first call that needs it -- never for a refresh
+with no stale row -- and closed when the verb ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..functions import Function
+from .batches import BatchSizer
+from .checkpoint import CheckpointStore
+from .execute import BatchFit
+from .files import TableFiles
+from .leftovers import WrittenFiles
+from .progress import Progress
+
+
+class FunctionInstance:
+    """The Function's callable (a class loads its model when constructed), built on the first call
+    that needs it and kept for every attempt of one refresh verb, then closed once.
+
+    Loading is timed apart from the rows and said in the run log as it starts and ends, so a model
+    that loads for a minute never reads as a minute of computing.
+    """
+
+    def __init__(self, function: Function):
+        self.function = function
+        self.call: Any = None
+
+    def get(self, progress: Progress, report: Callable[[Progress], None] | None) -> Any:
+        """The callable, constructed now if this is its first use (call with the model thread's lock held)."""
+        if self.call is None:
+            progress.loading_since = time.monotonic()
+            if report:
+                report(progress)
+            try:
+                self.call = self.function.open()
+            finally:
+                progress.load_seconds += time.monotonic() - progress.loading_since
+                progress.loading_since = None
+                if report:
+                    report(progress)
+        return self.call
+
+    def close(self) -> None:
+        """Release what the callable holds (its `close()`, when it has one)."""
+        if self.call is not None and hasattr(self.call, "close"):
+            self.call.close()
+
+
+@dataclass
+class Worker:
+    """What every attempt of one refresh verb shares: the table's files, the Function, its checkpoints
+    and the data files it wrote, its loaded instance, and what earlier calls taught the batch sizes."""
+
+    files: TableFiles
+    function: Function
+    store: CheckpointStore
+    written: WrittenFiles
+    instance: FunctionInstance
+    fit: BatchFit
+    sizer: BatchSizer
+    prefetch: int
+    report: Callable[[Progress], None] | None
+
+    @classmethod
+    def of(cls, files: TableFiles, function: Function, prefetch: int,
+           report: Callable[[Progress], None] | None) -> Worker:
+        return cls(files, function, CheckpointStore(files, function.sig_column, function.version),
+                   WrittenFiles(files, function.sig_column), FunctionInstance(function), BatchFit(),
+                   BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size),
+                   prefetch, report)
