@@ -11,7 +11,7 @@ entry's text (`function_metadata`, `reads_metadata`): the code behind the column
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
+from .dagster_private import ObjectMetadataValue
 
 from .functions import Function
 from .tags import DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, READS_METADATA_KEY

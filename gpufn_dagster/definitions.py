@@ -86,7 +86,7 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
     (or another Function here computes them), each of a type that can be an input."""
     db = lancedb.connect()
     db_uri = lancedb.uri
-    existing = set(db.list_tables().tables)
+    existing = lancedb.table_names(db)
     keys = {key for asset in assets if isinstance(asset, dg.AssetsDefinition) for key in asset.keys}
     functions = list(_functions(assets).values())
     problems = []

@@ -32,7 +32,8 @@ def _arrow_type(context: dg.ResolutionContext, value: str | None) -> Any:
         raise ComponentError(f"field 'output_type': {err}") from None
 
 
-def _described(description: str) -> dg.Resolver:
+def described(description: str) -> dg.Resolver:
+    """A YAML field's default resolver with its description (what `dg` and the docs show for it)."""
     return dg.Resolver.default(description=description)
 
 
@@ -40,55 +41,55 @@ def _described(description: str) -> dg.Resolver:
 class FunctionOptions(dg.Resolvable):
     """Everything a Function declaration says besides its callable."""
 
-    table: Annotated[str, _described("The LanceDB table whose column(s) the Function computes.")]
-    column: Annotated[str | list[str], _described(
+    table: Annotated[str, described("The LanceDB table whose column(s) the Function computes.")]
+    column: Annotated[str | list[str], described(
         "The output column, or several columns filled from the fields of a struct output.")]
     output_type: Annotated[Any, dg.Resolver(_arrow_type, model_field_type=str | None, description=(
         "The Arrow type of one value: a pyarrow type, or its name ('int64', 'list<float32>', "
         "'fixed_size_list<float32>[384]'); inferred from a row Function's return annotation."))] = None
-    inputs: Annotated[list[str] | None, _described(
+    inputs: Annotated[list[str] | None, described(
         "The input columns (default: the callable's parameter names; required for one RecordBatch parameter).")] = None
-    gpu: Annotated[bool | None, _described(
+    gpu: Annotated[bool | None, described(
         "Whether it is a GPU Function (default: yes when it names a gpu_class or its lancedb.udf says gpu=True).")] = None
-    gpu_class: Annotated[str | None, _described(
+    gpu_class: Annotated[str | None, described(
         "The GPU class it runs on (default: 'default' for a GPU Function; none makes it a CPU Function).")] = None
-    gpu_count: Annotated[int, _described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
-    batch_size: Annotated[int | None, _described(
+    gpu_count: Annotated[int, described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
+    batch_size: Annotated[int | None, described(
         "The most rows one call takes (what the model, device or API accepts): calls start with a small probe "
         "(64 rows, or batch_size when smaller) so first values and errors show within seconds, then adapt "
         "toward 1 s each, never above batch_size. Unset: probe 64 rows, grow up to max_batch_size.")] = None
-    max_batch_size: Annotated[int | None, _described(
+    max_batch_size: Annotated[int | None, described(
         "Grow past batch_size: with it, batch_size is only the first call's rows and calls adapt up to this "
         "(default 4096 when batch_size is unset).")] = None
-    adapt_batch_size: Annotated[bool, _described(
+    adapt_batch_size: Annotated[bool, described(
         "Whether calls adapt; false pins every call at batch_size (still split when out of device memory).")] = True
-    on_error: Annotated[ErrorPolicy, _described(
+    on_error: Annotated[ErrorPolicy, described(
         "'fail' stops the refresh at the first failing row; 'skip' leaves that row NULL, records it in the "
         "gpufn_errors table and retries it on the next refresh.")] = "fail"
-    init: Annotated[dict[str, Any] | None, _described("Keyword arguments for a class's constructor.")] = None
-    name: Annotated[str | None, _described("The asset's name (default '<table>__<column>').")] = None
-    source_asset: Annotated[str | None, _described("The upstream asset that produces the table (default: table).")
+    init: Annotated[dict[str, Any] | None, described("Keyword arguments for a class's constructor.")] = None
+    name: Annotated[str | None, described("The asset's name (default '<table>__<column>').")] = None
+    source_asset: Annotated[str | None, described("The upstream asset that produces the table (default: table).")
                             ] = None
-    group_name: Annotated[str | None, _described("The asset group.")] = None
-    description: Annotated[str | None, _described("The asset's description (default: the callable's docstring).")
+    group_name: Annotated[str | None, described("The asset group.")] = None
+    description: Annotated[str | None, described("The asset's description (default: the callable's docstring).")
                            ] = None
-    version: Annotated[str | None, _described(
+    version: Annotated[str | None, described(
         "Pin the Function version (e.g. a release name); by default a digest of its code and of the project "
         "code and constants it references, so editing them recomputes.")] = None
-    workers: Annotated[int, _described(
+    workers: Annotated[int, described(
         "GPU workers one refresh spreads over: the stale rows are split into this many shards balanced by rows, "
         "each computed by its own step (its own pod on Kubernetes, its own local slot embedded), and committed "
         "once. The Launchpad's run config can set it per run (ops: <name>: ops: <name>_plan: config: workers).")] = 1
-    max_gpus: Annotated[int | None, _described(
+    max_gpus: Annotated[int | None, described(
         "The most GPUs one refresh may hold at once (workers x gpu_count); fewer workers start when it is "
         "lower. The class's max_gpus_per_refresh caps it too.")] = None
-    publish_every_rows: Annotated[int | None, _described(
+    publish_every_rows: Annotated[int | None, described(
         "Publish finished fragments in an intermediate table version whenever this many rows are done, so a "
         "long backfill shows results as it goes (each version holds whole fragments of one Function version); "
         "default: one commit at the end. For a refresh on one worker.")] = None
-    checkpoint_seconds: Annotated[float, _described(
+    checkpoint_seconds: Annotated[float, described(
         "How much work a killed refresh may repeat, in seconds (0: checkpoint every batch).")] = 10.0
-    classes_dir: Annotated[str | None, _described(
+    classes_dir: Annotated[str | None, described(
         "The directory of GPU class files gpu_class is checked against (default $GPUFN_CLASSES_DIR or ./classes).")
                            ] = None
 

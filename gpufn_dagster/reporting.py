@@ -17,6 +17,7 @@ from .classes import GpuClass
 from .functions import Function
 from .refresh.results import RefreshResult
 from .resources import LanceDBResource
+from .tags import TABLE_VERSION_BEFORE_KEY
 
 ERRORS_TABLE = "gpufn_errors"
 # One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
@@ -124,7 +125,7 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         "rows_checked": result.rows_checked,
         "fragments_visited": f"{result.fragments_visited}/{result.fragments_total}",
         "fragments_rewritten": result.fragments_rewritten,
-        "table_version_before": result.version_before,
+        TABLE_VERSION_BEFORE_KEY: result.version_before,
         "table_version_after": result.version_after,
         "function_version": result.function_version,
         "wall_seconds": dg.FloatMetadataValue(round(work.wall_seconds, 3)),

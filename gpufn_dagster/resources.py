@@ -54,6 +54,19 @@ class LanceDBResource(dg.ConfigurableResource):
         return lancedb.connect(self.uri, read_consistency_interval=timedelta(0),
                                storage_options=self.storage_options or None)
 
+    def table_names(self, db: lancedb.DBConnection | None = None) -> set[str]:
+        """Every table of the database (each page `list_tables` answers, followed to the last);
+        `db` reuses a connection the caller has open."""
+        db = db or self.connect()
+        names: set[str] = set()
+        token = None
+        while True:
+            page = db.list_tables(page_token=token)
+            names.update(page.tables)
+            token = page.page_token
+            if not token or not page.tables:
+                return names
+
     def table_files(self, name: str) -> TableFiles:
         """The table `name` of this database and the engine's files beside it (`TableNotFound` if none)."""
         return TableFiles(self.open_table(name).to_lance().uri, self.storage_options)

@@ -1,4 +1,6 @@
-"""The closed vocabulary of tags gpufn writes and reads: every `gpufn/…` tag, and the values some take.
+"""The closed vocabulary gpufn writes and reads: every `gpufn/…` tag and metadata key and the values
+some take, the `gpufn.…` keys it keeps in Lance field metadata and Kubernetes labels, the commit
+message its refreshes write, and the one Dagster tag it reads.
 
 A run shows at most three of them in the UI's runs list and run page, the ones a user filters by:
 its GPU class, its capacity state (`CapacityState` words) and its placement. Everything else gpufn
@@ -53,6 +55,35 @@ UNFILLED_ROWS_TAG = HIDDEN_PREFIX + "unfilled-rows"
 FUNCTION_METADATA_KEY = PREFIX + "function"
 DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
 READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
+# Materialization metadata a sensor reads back: the version of the table a Function's refresh read
+# (`reporting`), and the source version a materialized view was refreshed from (`views`).
+TABLE_VERSION_BEFORE_KEY = "table_version_before"
+SOURCE_VERSION_KEY = "source_version"
+
+# Dagster's own run priority tag (its queue and gpufn's Kueue priority classes read it).
+DAGSTER_PRIORITY_TAG = "dagster/priority"
+
+# Kubernetes labels on the pods and Jobs of GPU runs and steps: the capacity watcher lists by them.
+LABEL_PREFIX = "gpufn.dev/"
+CLASS_LABEL = LABEL_PREFIX + "gpu-class"
+COUNT_LABEL = LABEL_PREFIX + "gpu-count"
+
+# Lance: field metadata on a Function's columns, schema metadata of checkpoint chunks, and the
+# message of the commit a refresh makes (the table sensor skips those: no row was added or changed).
+LANCE_PREFIX = "gpufn."
+SIG_COLUMN_KEY = LANCE_PREFIX + "sig_column"  # on each output column: its hidden signature column
+FUNCTION_KEY = LANCE_PREFIX + "function"      # on each output column: the Function that writes it
+OUTCOME_KEY = LANCE_PREFIX + "outcome"        # on a checkpoint chunk: its rows' errors and counts
+REFRESH_COMMIT_PREFIX = "gpufn refresh"
+
+
+def refresh_commit_message(function_name: str, version: str) -> str:
+    """The commit message of a refresh's DataReplacement.
+
+    >>> refresh_commit_message("docs__embedding", "1a2b")
+    'gpufn refresh docs__embedding version 1a2b'
+    """
+    return f"{REFRESH_COMMIT_PREFIX} {function_name} version {version}"
 
 
 class CapacityState(str, Enum):

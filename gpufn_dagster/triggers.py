@@ -21,10 +21,10 @@ import lance
 from .asset_spec import function_of
 from .errors import FunctionDefinitionError
 from .resources import LanceDBResource
-from .tags import TABLE_TAG, TABLE_VERSION_TAG, UNFILLED_ROWS_TAG, run_gpu_tags
+from .tags import (REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
+                   UNFILLED_ROWS_TAG, run_gpu_tags)
 
 _NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
-GPUFN_COMMIT_PREFIX = "gpufn"
 
 
 def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
@@ -40,10 +40,21 @@ def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
             continue
         if operation == "Merge":
             continue  # columns added (e.g. a Function's declaration): no row added or changed
-        if operation == "DataReplacement" and message.startswith(GPUFN_COMMIT_PREFIX):
+        if operation == "DataReplacement" and message.startswith(REFRESH_COMMIT_PREFIX):
             continue  # a gpufn refresh wrote computed values
         return True
     return False
+
+
+def default_status(running: bool, kind: type[dg.DefaultSensorStatus | dg.DefaultScheduleStatus] = dg.DefaultSensorStatus,
+                   ) -> dg.DefaultSensorStatus | dg.DefaultScheduleStatus:
+    """A trigger's `running=` as Dagster's default status: stopped unless asked, so a new sensor or
+    schedule starts nothing until a user turns it on in the UI.
+
+    >>> default_status(True), default_status(False, dg.DefaultScheduleStatus)
+    (<DefaultSensorStatus.RUNNING: 'RUNNING'>, <DefaultScheduleStatus.STOPPED: 'STOPPED'>)
+    """
+    return kind.RUNNING if running else kind.STOPPED
 
 
 _IN_PROGRESS = {dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
@@ -74,9 +85,9 @@ def _read_key(target: dg.AssetsDefinition | str, table: str) -> str | None:
         return None
     function = function_of(target)
     if function is not None:
-        return "table_version_before" if function.table == table else None
+        return TABLE_VERSION_BEFORE_KEY if function.table == table else None
     source = target.specs_by_key[target.key].metadata.get("source_table")
-    return "source_version" if getattr(source, "value", source) == table else None
+    return SOURCE_VERSION_KEY if getattr(source, "value", source) == table else None
 
 
 def covered_version(instance: dg.DagsterInstance, targets: Sequence[dg.AssetsDefinition | str],
@@ -159,7 +170,7 @@ def refresh_schedule(
     """
     return dg.ScheduleDefinition(
         name=name, cron_schedule=cron, execution_timezone=timezone, job=refresh_job(f"{name}_job", targets),
-        default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
+        default_status=default_status(running, dg.DefaultScheduleStatus),
         description=f"Refresh {', '.join(_names(targets))} on '{cron}' ({timezone})",
     )
 
@@ -193,11 +204,11 @@ def table_sensor(
     keys = _keys(targets)
 
     @dg.sensor(name=name or f"{table}_changed", job=job, minimum_interval_seconds=minimum_interval_seconds,
-               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               default_status=default_status(running),
                description=f"Refreshes {', '.join(_names(targets))} when table {table!r} changes")
     def _sensor(context: dg.SensorEvaluationContext, lancedb: LanceDBResource):
         db = lancedb.connect()
-        if table not in db.list_tables().tables:
+        if table not in lancedb.table_names(db):
             return dg.SkipReason(f"table {table!r} does not exist yet in {lancedb.uri}")
         dataset = db.open_table(table).to_lance()
         version = dataset.version
@@ -280,11 +291,11 @@ def unfilled_rows_sensor(
     job = refresh_job(f"{sensor_name}_job", [function_asset])
 
     @dg.sensor(name=sensor_name, job=job, minimum_interval_seconds=minimum_interval_seconds,
-               default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
+               default_status=default_status(running),
                description=f"Refreshes {function.name} when {threshold:,}+ rows of {function.table!r} are unfilled")
     def _sensor(context: dg.SensorEvaluationContext, lancedb: LanceDBResource):
         db = lancedb.connect()
-        if function.table not in db.list_tables().tables:
+        if function.table not in lancedb.table_names(db):
             return dg.SkipReason(f"table {function.table!r} does not exist yet")
         table = db.open_table(function.table)
         unfilled = (table.count_rows(f"{function.sig_column} IS NULL") if function.sig_column in table.schema.names

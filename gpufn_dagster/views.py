@@ -15,6 +15,7 @@ import dagster as dg
 
 from .refresh.carry import carry_over
 from .resources import LanceDBResource, TableNotFound
+from .tags import SOURCE_VERSION_KEY
 
 
 def materialized_view_asset(
@@ -56,7 +57,7 @@ def materialized_view_asset(
     )
     def _view(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         db = lancedb.connect()
-        if source not in db.list_tables().tables:
+        if source not in lancedb.table_names(db):
             raise TableNotFound(f"view {name!r}: source table {source!r} does not exist in {lancedb.uri}")
         started = time.monotonic()
         created: int | None = None  # rows lancedb wrote when it created the view (its first build)
@@ -81,7 +82,7 @@ def materialized_view_asset(
         return dg.MaterializeResult(metadata={
             "refresh_mode": "create" if created is not None else str(result.mode),
             "rows_written": rows_written,
-            "source_version": result.source_version,
+            SOURCE_VERSION_KEY: result.source_version,
             "view_version": result.version,
             "function_rows_kept": carried,
             "wall_seconds": dg.FloatMetadataValue(round(wall, 3)),

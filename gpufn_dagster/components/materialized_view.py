@@ -5,24 +5,21 @@ from typing import Annotated
 
 import dagster as dg
 
+from ..options import described
 from ..views import materialized_view_asset
-
-
-def _described(description: str) -> dg.Resolver:
-    return dg.Resolver.default(description=description)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MaterializedView(dg.Component, dg.Resolvable):
     """A LanceDB materialized view over a source table (see `materialized_view_asset`)."""
 
-    name: Annotated[str, _described("The view's name (a table of the same database).")]
-    source: Annotated[str, _described("The source table; it needs stable row ids.")]
-    select: Annotated[list[str] | None, _described("The source columns the view keeps (default: all).")] = None
-    where: Annotated[str | None, _described("A SQL filter on source rows, e.g. \"lang = 'en'\".")] = None
-    source_asset: Annotated[str | None, _described("The asset producing the source (default: source).")] = None
-    group_name: Annotated[str | None, _described("The asset group.")] = None
-    description: Annotated[str | None, _described("The asset's description.")] = None
+    name: Annotated[str, described("The view's name (a table of the same database).")]
+    source: Annotated[str, described("The source table; it needs stable row ids.")]
+    select: Annotated[list[str] | None, described("The source columns the view keeps (default: all).")] = None
+    where: Annotated[str | None, described("A SQL filter on source rows, e.g. \"lang = 'en'\".")] = None
+    source_asset: Annotated[str | None, described("The asset producing the source (default: source).")] = None
+    group_name: Annotated[str | None, described("The asset group.")] = None
+    description: Annotated[str | None, described("The asset's description.")] = None
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return dg.Definitions(assets=[materialized_view_asset(

@@ -5,14 +5,11 @@ from typing import Annotated
 
 import dagster as dg
 
+from ..options import described
 from ..triggers import refresh_schedule, table_sensor
 
 
-def _described(description: str) -> dg.Resolver:
-    return dg.Resolver.default(description=description)
-
-
-Targets = Annotated[list[str], _described(
+Targets = Annotated[list[str], described(
     "The Function and view assets to refresh, by asset key ('docs__embedding', 'docs_en').")]
 
 
@@ -20,11 +17,11 @@ Targets = Annotated[list[str], _described(
 class RefreshSchedule(dg.Component, dg.Resolvable):
     """Refresh Functions and views on a cron schedule (see `refresh_schedule`)."""
 
-    name: Annotated[str, _described("The schedule's name (its job is '<name>_job').")]
-    cron: Annotated[str, _described("When, as a cron expression: '0 3 * * *' is 03:00 every day.")]
+    name: Annotated[str, described("The schedule's name (its job is '<name>_job').")]
+    cron: Annotated[str, described("When, as a cron expression: '0 3 * * *' is 03:00 every day.")]
     targets: Targets
-    timezone: Annotated[str, _described("The cron expression's time zone.")] = "UTC"
-    running: Annotated[bool, _described("Whether it starts running (default: stopped until turned on).")] = False
+    timezone: Annotated[str, described("The cron expression's time zone.")] = "UTC"
+    running: Annotated[bool, described("Whether it starts running (default: stopped until turned on).")] = False
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return dg.Definitions(schedules=[refresh_schedule(self.name, self.cron, self.targets, timezone=self.timezone,
@@ -35,11 +32,11 @@ class RefreshSchedule(dg.Component, dg.Resolvable):
 class TableSensor(dg.Component, dg.Resolvable):
     """Refresh Functions and views when rows of a table are added, updated or deleted (see `table_sensor`)."""
 
-    table: Annotated[str, _described("The LanceDB table to watch.")]
+    table: Annotated[str, described("The LanceDB table to watch.")]
     targets: Targets
-    name: Annotated[str | None, _described("The sensor's name (default '<table>_changed').")] = None
-    minimum_interval_seconds: Annotated[int, _described("How often it looks at the table's version.")] = 30
-    running: Annotated[bool, _described("Whether it starts running (default: stopped until turned on).")] = False
+    name: Annotated[str | None, described("The sensor's name (default '<table>_changed').")] = None
+    minimum_interval_seconds: Annotated[int, described("How often it looks at the table's version.")] = 30
+    running: Annotated[bool, described("Whether it starts running (default: stopped until turned on).")] = False
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return dg.Definitions(sensors=[table_sensor(self.table, self.targets, name=self.name, running=self.running,

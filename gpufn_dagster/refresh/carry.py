@@ -16,9 +16,10 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from .columns import SIG_COLUMN_KEY
+from ..tags import SIG_COLUMN_KEY
 from .files import TableFiles
 from .plan import field_ids
+from .reads import ADDRESS, row_offsets
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
 SOURCE_ROW_ID = "__source_row_id"
@@ -48,7 +49,7 @@ def carry_over(view: TableFiles, previous_version: int) -> int:
         joined = rows.join(old, keys=SOURCE_ROW_ID, join_type="left outer").sort_by("__pos")
         carried += sum(joined.num_rows - joined.column(s).null_count for s in sig_columns) // len(sig_columns)
         batch = pa.RecordBatch.from_arrays([joined.column(n).combine_chunks() for n in names], schema=schema)
-        offsets = (joined.column("_rowaddr").to_numpy() & 0xFFFFFFFF).astype(np.int64)
+        offsets = row_offsets(joined.column(ADDRESS).to_numpy())
         writer = FragmentFileWriter(view, current, data_file_name("gpufn-carry"), schema)
         writer.write(align_to_physical(batch, offsets, 0, schema))
         writer.pad_to(fragment.metadata.physical_rows)

@@ -16,6 +16,7 @@ import json
 
 import pyarrow as pa
 
+from ..tags import OUTCOME_KEY
 from .files import TableFiles
 from .plan import FragmentWork
 
@@ -33,7 +34,7 @@ class CheckpointStore:
                    outcome: dict) -> None:
         """Durably record the output for physical rows [start, end) of the fragment, and the
         outcome of computing it (failed rows, retried rows that succeeded, rows changed)."""
-        schema = batches[0].schema.with_metadata({"gpufn.outcome": json.dumps(outcome)})
+        schema = batches[0].schema.with_metadata({OUTCOME_KEY: json.dumps(outcome)})
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema) as writer:
             for batch in batches:
@@ -56,7 +57,7 @@ class CheckpointStore:
             raise FileNotFoundError(f"checkpoint chunk {self.files.path(name)} vanished")
         reader = pa.ipc.open_file(pa.py_buffer(data))
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        outcome = json.loads((reader.schema.metadata or {}).get(b"gpufn.outcome", b"{}"))
+        outcome = json.loads((reader.schema.metadata or {}).get(OUTCOME_KEY.encode(), b"{}"))
         return batches, outcome
 
     def save_fragment(self, work: FragmentWork, record: dict) -> None:

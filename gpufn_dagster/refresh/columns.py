@@ -9,13 +9,13 @@ from lancedb.materialized_view import DEFINITION_META_KEY
 from ..errors import FunctionDefinitionError
 from ..functions import Function
 from ..arrow_types import datafusion_type
+from ..tags import FUNCTION_KEY, SIG_COLUMN_KEY
 from .files import TableFiles
 from .signature import SIG_TYPE
 
 _ADD_ATTEMPTS = 5
 
 
-SIG_COLUMN_KEY = "gpufn.sig_column"
 
 
 def is_function_column(field: pa.Field) -> bool:
@@ -39,7 +39,7 @@ def declared_fields(function: Function, on_view: bool) -> list[pa.Field]:
     fields = [*function.output_fields, pa.field(function.sig_column, SIG_TYPE)]
     tagged = []
     for f in fields:
-        metadata = {SIG_COLUMN_KEY: function.sig_column, "gpufn.function": function.name}
+        metadata = {SIG_COLUMN_KEY: function.sig_column, FUNCTION_KEY: function.name}
         if on_view:
             metadata.update({"computed_column": "true", "computed_column.kind": "sql", "computed_column.inputs": "[]",
                              "computed_column.expression": f"arrow_cast(NULL, '{datafusion_type(f.type)}')"})

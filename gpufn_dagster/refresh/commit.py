@@ -9,6 +9,7 @@ from lance.commit import CommitConflictError
 
 from ..errors import CommitRefused
 from ..functions import Function
+from ..tags import refresh_commit_message
 from .files import TableFiles
 from .fragments import FragmentResult
 from .lease import ColumnLease
@@ -60,7 +61,7 @@ def commit_groups(files: TableFiles, dataset: lance.LanceDataset, function: Func
     writer of the same fragments won the race (the caller re-plans)."""
     try:
         return files.commit(lance.LanceOperation.DataReplacement(groups), dataset.version,
-                            f"gpufn refresh {function.name} version {function.version}")
+                            refresh_commit_message(function.name, function.version))
     except CommitConflictError:
         return None
     except OSError as err:  # not a race: retrying cannot help, so say what Lance refused

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..errors import FunctionFailed
 from ..functions import CallStyle, Function
+from .reads import split_address
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class Rows:
         """'row id 1234 (fragment 1, offset 2000; text='first 60 characters…')': the first input values shortened."""
         address = self.address(i)
         values = "; ".join(f"{name}={_short(inputs.column(name)[i].as_py())}" for name in inputs.schema.names[:2])
-        where = f"fragment {address >> 32}, offset {address & 0xFFFFFFFF}" + (f"; {values}" if values else "")
+        fragment, offset = split_address(address)
+        where = f"fragment {fragment}, offset {offset}" + (f"; {values}" if values else "")
         row_id = self.row_id(i)
         return f"row id {row_id} ({where})" if row_id is not None else f"row address {address} ({where})"
 

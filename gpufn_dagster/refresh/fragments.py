@@ -36,7 +36,7 @@ from ..errors import RefreshStopped
 from .execute import RowError, Rows, call_function
 from .plan import FragmentWork, field_ids
 from .progress import Progress
-from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows
+from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .worker import Worker
@@ -177,7 +177,7 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _S
             inputs = inputs.take(pa.array(stale_idx))
         ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
         values = attempt.submit(inputs, Rows(addresses[stale_idx], None if ids is None else ids[stale_idx]))
-    return _Staged(batch, addresses, (addresses & 0xFFFFFFFF).astype(np.int64), start, now, stale_idx, retried, values)
+    return _Staged(batch, addresses, row_offsets(addresses), start, now, stale_idx, retried, values)
 
 
 def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome]:

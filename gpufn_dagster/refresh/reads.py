@@ -24,6 +24,25 @@ ADDRESS = "_rowaddr"
 ROW_ID = "_rowid"  # the stable row id, read beside the address to name a failing row
 READ_ROWS = 1024  # rows read at once (or the first call's size when larger)
 READ_WINDOW_BYTES = 16 << 20  # the most data one scan window covers
+_OFFSET_MASK = 0xFFFFFFFF  # Lance addresses a row as `fragment id << 32 | physical offset`
+
+
+def split_address(address: int) -> tuple[int, int]:
+    """(fragment id, physical offset) of one row address.
+
+    >>> split_address(4294969296)
+    (1, 2000)
+    """
+    return address >> 32, address & _OFFSET_MASK
+
+
+def row_offsets(addresses: np.ndarray) -> np.ndarray:
+    """The physical offsets (int64) of row addresses in their fragment.
+
+    >>> row_offsets(np.array([4294969296, 5], dtype=np.uint64)).tolist()
+    [2000, 5]
+    """
+    return (addresses & _OFFSET_MASK).astype(np.int64)
 
 
 def live_offset(fragment: lance.LanceFragment, physical: int) -> int:
@@ -34,7 +53,7 @@ def live_offset(fragment: lance.LanceFragment, physical: int) -> int:
     if fragment.metadata.deletion_file is None:
         return min(physical, fragment.metadata.physical_rows)
     addresses = fragment.scanner(columns=[], with_row_address=True).to_table().column(ADDRESS).to_numpy()
-    return int(np.searchsorted(addresses & 0xFFFFFFFF, physical))
+    return int(np.searchsorted(row_offsets(addresses), physical))
 
 
 def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: int,
@@ -70,7 +89,7 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
     for batch in reads:
         if not batch.num_rows:
             continue
-        offsets = batch.column(ADDRESS).to_numpy() & 0xFFFFFFFF
+        offsets = row_offsets(batch.column(ADDRESS).to_numpy())
         first = int(np.searchsorted(offsets, start)) if offsets[0] < start else 0
         last = int(np.searchsorted(offsets, end)) if end is not None and offsets[-1] >= end else len(offsets)
         batch = batch.slice(first, last - first)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..errors import UpstreamNotCurrent
 from ..functions import Function
-from .columns import SIG_COLUMN_KEY
+from ..tags import FUNCTION_KEY, SIG_COLUMN_KEY
 from .files import TableFiles
 from .plan import plan_fragments
 from .signature import FAILED, row_signatures, scan_expressions
@@ -53,7 +53,7 @@ def check_upstream(files: TableFiles, dataset: lance.LanceDataset, function: Fun
         elif name in schema.names and SIG_COLUMN_KEY.encode() in (schema.field(name).metadata or {}):
             metadata = schema.field(name).metadata
             sig_column = metadata[SIG_COLUMN_KEY.encode()].decode()
-            producer_name = metadata.get(b"gpufn.function", b"?").decode()
+            producer_name = metadata.get(FUNCTION_KEY.encode(), b"?").decode()
             stale = dataset.count_rows(filter=f"`{sig_column}` IS NULL OR `{sig_column}` = {FAILED}")
         else:
             continue

@@ -22,15 +22,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
-from dagster._config import process_config
-from dagster._core.definitions.executor_definition import (get_retries_config, get_tag_concurrency_limits_config,
-                                                           multiple_process_executor_requirements)
-from dagster._core.execution.retries import RetryMode
-from dagster._core.executor.base import Executor
-from dagster._core.executor.init import InitExecutorContext
-from dagster._core.executor.multiprocess import MultiprocessExecutor
+from dagster import Executor, InitExecutorContext
 
 from ..classes import cached_gpu_classes
+from ..dagster_private import (MultiprocessExecutor, RetryMode, get_retries_config, get_tag_concurrency_limits_config,
+                               multiple_process_executor_requirements, process_config)
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG
 from .shared import STEP_PODS_FIELD, RunKind

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster._core.events import EngineEventData
+from ..dagster_private import EngineEventData
 
 from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
                     seconds_from_tag)

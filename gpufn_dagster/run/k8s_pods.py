@@ -16,20 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 
-from dagster._core.events import DagsterEvent, EngineEventData
-from dagster._core.executor.step_delegating.step_handler.base import StepHandlerContext
+from dagster import DagsterEvent
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
+from ..dagster_private import EngineEventData, StepHandlerContext
 from ..errors import PlacementError
-from .placement import PodPlacement, check_no_extra_gpus, decode_step_placements, enforce_placement, step_gpu_request
+from .placement import (K8S_CONFIG_SECTIONS, PodPlacement, check_no_extra_gpus, decode_step_placements, enforce_placement,
+                        step_gpu_request)
 from .shared import STEP_PLACEMENTS_ENV
-
-# The sections of a dagster-k8s user-defined config, as UserDefinedDagsterK8sConfig names them.
-_SECTIONS = ("container_config", "pod_template_spec_metadata", "pod_spec_config", "job_config", "job_metadata",
-             "job_spec_config", "deployment_metadata", "service_metadata", "service_spec_config")
-
 
 def placed_context(context: K8sContainerContext, decided: PodPlacement) -> K8sContainerContext:
     """`context` with the decided placement checked and enforced over everything it holds.
@@ -39,7 +35,7 @@ def placed_context(context: K8sContainerContext, decided: PodPlacement) -> K8sCo
     """
     config = context.run_k8s_config
     check_no_extra_gpus(config.pod_spec_config or {}, decided)
-    enforced = enforce_placement({section: getattr(config, section) for section in _SECTIONS}, decided)
+    enforced = enforce_placement({section: getattr(config, section) for section in K8S_CONFIG_SECTIONS}, decided)
     return context._replace(run_k8s_config=UserDefinedDagsterK8sConfig(**enforced, merge_behavior=config.merge_behavior))
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
+from ..tags import DAGSTER_PRIORITY_TAG
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-RUN_PRIORITY_TAG = "dagster/priority"  # Dagster's own run priority tag
 API = "kueue.x-k8s.io/v1beta2"
 
 
@@ -33,7 +33,7 @@ def run_priority(run_tags: Mapping[str, str]) -> int:
     (10, 0, 0)
     """
     try:
-        return int(run_tags.get(RUN_PRIORITY_TAG, "0"))
+        return int(run_tags.get(DAGSTER_PRIORITY_TAG, "0"))
     except ValueError:
         return 0
 

@@ -34,19 +34,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dagster._core.events import DagsterEventType, EngineEventData
-from dagster._core.launcher import LaunchRunContext
-from dagster._core.storage.dagster_run import DagsterRun
-from dagster._utils.merger import merge_dicts
+from dagster import DagsterEventType, DagsterRun
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 
 from ..classes import ClassesDir, resolve_classes_dir
+from ..dagster_private import EngineEventData, LaunchRunContext
 from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, run_gpu_tags
 from .k8s_api import API_ERRORS, api_error
 from .k8s_pods import placed_context
-from .placement import PodPlacement, check_no_extra_gpus, encode_step_placements
+from .placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
 from .shared import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunKind, RunPlan, plan_run
 
 class GpuK8sRunLauncher(K8sRunLauncher):
@@ -64,7 +62,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
 
     @classmethod
     def config_type(cls):
-        return merge_dicts(K8sRunLauncher.config_type(), CLASSES_DIR_CONFIG)
+        return {**K8sRunLauncher.config_type(), **CLASSES_DIR_CONFIG}
 
     @property
     def classes_dir(self) -> ClassesDir:
@@ -198,4 +196,4 @@ def _step_pod_specs(run_config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
                                                if isinstance(v, Mapping) and "config" in v), None) or {})
     pods = config.get(STEP_PODS_FIELD) or {}
     layers = [pods.get("step_k8s_config") or {}, *(pods.get("per_step_k8s_config") or {}).values()]
-    return [layer.get("pod_spec_config") or {} for layer in layers if isinstance(layer, Mapping)]
+    return [layer.get(POD_SPEC_CONFIG) or {} for layer in layers if isinstance(layer, Mapping)]

@@ -28,12 +28,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagster import DagsterRunStatus, RunsFilter
-from dagster._core.events import EngineEventData
-from dagster._core.run_coordinator import QueuedRunCoordinator, SubmitRunContext
-from dagster._core.storage.dagster_run import DagsterRun
-from dagster._utils.merger import merge_dicts
+from dagster import DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
 from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
+from ..dagster_private import EngineEventData
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
@@ -67,7 +65,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
 
     @classmethod
     def config_type(cls):
-        return merge_dicts(QueuedRunCoordinator.config_type(), CLASSES_DIR_CONFIG)
+        return {**QueuedRunCoordinator.config_type(), **CLASSES_DIR_CONFIG}
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):

@@ -21,11 +21,9 @@ from typing import Any
 from ..classes import GpuClass, suggestion
 from ..errors import PlacementError
 from ..k8s_syntax import parse_quantity
-from ..tags import GPU_CLASS_TAG, GPU_COUNT_TAG
+from ..tags import CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG
 from .kueue import kueue_labels
 
-CLASS_LABEL = "gpufn.dev/gpu-class"
-COUNT_LABEL = "gpufn.dev/gpu-count"
 _GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "google.com/tpu")
 
 
@@ -172,6 +170,16 @@ def _affinity_terms(gpu_class: GpuClass) -> list[dict[str, Any]]:
                                    for r in term.match_expressions]} for term in gpu_class.node_affinity]
 
 
+# dagster-k8s's user-defined config sections (`dagster-k8s/config`, `run_k8s_config`), as its
+# UserDefinedDagsterK8sConfig names them (a test holds them equal): the four gpufn writes, and all.
+CONTAINER_CONFIG = "container_config"
+POD_SPEC_CONFIG = "pod_spec_config"
+POD_METADATA = "pod_template_spec_metadata"
+JOB_METADATA = "job_metadata"
+K8S_CONFIG_SECTIONS = (CONTAINER_CONFIG, POD_METADATA, POD_SPEC_CONFIG, "job_config", JOB_METADATA, "job_spec_config",
+                       "deployment_metadata", "service_metadata", "service_spec_config")
+
+
 def placement_k8s_config(placement: Placement) -> dict[str, Any]:
     """The class's placement as a dagster-k8s user-defined config (snake_case, merged last)."""
     gpu_class, count = placement.gpu_class, placement.gpu_count
@@ -191,10 +199,10 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
         pod_spec["affinity"] = {"node_affinity": {"required_during_scheduling_ignored_during_execution": {
             "node_selector_terms": _affinity_terms(gpu_class)}}}
     return {
-        "container_config": {"resources": {"limits": limits, "requests": requests}},
-        "pod_spec_config": pod_spec,
-        "pod_template_spec_metadata": {"labels": labels},
-        "job_metadata": {"labels": job_labels},
+        CONTAINER_CONFIG: {"resources": {"limits": limits, "requests": requests}},
+        POD_SPEC_CONFIG: pod_spec,
+        POD_METADATA: {"labels": labels},
+        JOB_METADATA: {"labels": job_labels},
     }
 
 
@@ -247,33 +255,33 @@ def enforce_placement(config: Mapping[str, Any], placement: PodPlacement) -> dic
     below it said."""
     out = copy.deepcopy(dict(config))
     wanted = placement.config
-    container = out.setdefault("container_config", {})
+    container = out.setdefault(CONTAINER_CONFIG, {})
     resources = container.setdefault("resources", {})
     for kind in ("limits", "requests"):
         section = {k: v for k, v in (resources.get(kind) or {}).items() if not _is_gpu_resource(k)}
-        section.update({k: v for k, v in wanted["container_config"]["resources"][kind].items()})
+        section.update({k: v for k, v in wanted[CONTAINER_CONFIG]["resources"][kind].items()})
         resources[kind] = section
     for name, request in resources["requests"].items():  # a limit below the class's request is invalid
         limit = resources["limits"].get(name)
         if limit is not None and parse_quantity(limit) < parse_quantity(request):
             resources["limits"][name] = request
-    pod_spec = out.setdefault("pod_spec_config", {})
+    pod_spec = out.setdefault(POD_SPEC_CONFIG, {})
     pod_spec.pop("node_name", None)
-    pod_spec["node_selector"] = {**(pod_spec.get("node_selector") or {}), **wanted["pod_spec_config"]["node_selector"]}
+    pod_spec["node_selector"] = {**(pod_spec.get("node_selector") or {}), **wanted[POD_SPEC_CONFIG]["node_selector"]}
     tolerations = list(pod_spec.get("tolerations") or [])
-    for toleration in wanted["pod_spec_config"]["tolerations"]:
+    for toleration in wanted[POD_SPEC_CONFIG]["tolerations"]:
         if toleration not in tolerations:
             tolerations.append(toleration)
     pod_spec["tolerations"] = tolerations
     affinity = pod_spec.get("affinity") or {}
     node_affinity = affinity.get("node_affinity") or {}
-    if "affinity" in wanted["pod_spec_config"]:
+    if "affinity" in wanted[POD_SPEC_CONFIG]:
         # Node selector terms are ORed: only the class's own may stand, or a user term could widen the pool.
         node_affinity["required_during_scheduling_ignored_during_execution"] = (
-            wanted["pod_spec_config"]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"])
+            wanted[POD_SPEC_CONFIG]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"])
         affinity["node_affinity"] = node_affinity
         pod_spec["affinity"] = affinity
-    for section in ("pod_template_spec_metadata", "job_metadata"):
+    for section in (POD_METADATA, JOB_METADATA):
         metadata = out.setdefault(section, {})
         metadata["labels"] = {**(metadata.get("labels") or {}), **wanted[section]["labels"]}
     return out

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster import DagsterRun
 
 from ..classes import ClassesDir, cached_gpu_classes
 from ..errors import PlacementError

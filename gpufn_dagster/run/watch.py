@@ -35,19 +35,18 @@ from typing import Any
 import dagster as dg
 import kubernetes
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster._core.events import EngineEventData
 
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
+from ..dagster_private import EngineEventData
 from ..errors import GpuClassError
-from ..tags import (GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, KUEUE_TAG, PLACEMENT_TAG, CapacityReason, CapacityState,
-                    waiting_since)
+from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, KUEUE_TAG, PLACEMENT_TAG, RUN_GPU_COUNT_TAG, CapacityReason,
+                    CapacityState, waiting_since)
 from . import kueue
 from .capacity import Decision, Event, Verdict, class_gpus, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
 from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
-from .placement import CLASS_LABEL, COUNT_LABEL
 from .shared import RunKind, release_ended_runs
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}

@@ -14,3 +14,23 @@ def test_the_readme_layout_names_every_module():
                for path in sorted((REPO / package).rglob("*.py"))
                if path.name != "__init__.py" and not re.search(rf"(?<![\w/]){re.escape(path.name)}\b", layout)]
     assert not missing, f"modules missing from the README's Layout: {', '.join(missing)}"
+
+
+def test_only_one_module_imports_dagsters_private_modules():
+    """`dagster._…` names move between releases: one module holds them, each with its reason."""
+    import ast
+
+    importers = {}
+    for path in sorted((REPO / "gpufn_dagster").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.startswith("dagster._") for n in names):
+                importers.setdefault(path.relative_to(REPO).as_posix(), []).append(node.lineno)
+    assert set(importers) == {"gpufn_dagster/dagster_private.py"}, importers
+    text = (REPO / "gpufn_dagster" / "dagster_private.py").read_text()
+    # each import follows a comment saying why
+    lines = text.splitlines()
+    unexplained = [line for i, line in enumerate(lines) if line.startswith("from dagster._")
+                   and not lines[i - 1].startswith(("#", "from dagster._"))]
+    assert unexplained == [], unexplained

@@ -76,3 +76,11 @@ def test_a_decided_placement_travels_as_text_whole_and_carries_the_runs_kueue_pr
     assert high.config["job_metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "gpu-high"
     decided = {"l4 x1": high, "h100-80gb x4": PodPlacement.decide(resolve_placement({"h100-80gb": 4}, CLASSES_BY_NAME))}
     assert decode_step_placements(encode_step_placements(decided)) == decided
+
+
+def test_the_k8s_config_sections_are_dagster_k8s_own():
+    from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
+    from gpufn_dagster.run.placement import K8S_CONFIG_SECTIONS
+
+    assert K8S_CONFIG_SECTIONS == tuple(f for f in UserDefinedDagsterK8sConfig._fields if f != "merge_behavior")

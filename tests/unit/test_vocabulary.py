@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from gpufn_dagster import errors
-from gpufn_dagster.tags import PREFIX, CapacityReason, CapacityState
+from gpufn_dagster.tags import (DAGSTER_PRIORITY_TAG, LANCE_PREFIX, PREFIX, REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY,
+                                TABLE_VERSION_BEFORE_KEY, CapacityReason, CapacityState)
 
 from ..conftest import REPO
 
@@ -20,14 +21,44 @@ def _sources():
 
 
 def test_every_gpufn_key_is_spelled_in_the_tags_module_only():
+    """Tags and metadata keys (`gpufn/`), Lance metadata keys and Kubernetes labels (`gpufn.`), the
+    refresh's commit message and Dagster's priority tag: written in tags.py, imported everywhere else."""
     spelled = {}
+    owned = (PREFIX, LANCE_PREFIX, REFRESH_COMMIT_PREFIX, DAGSTER_PRIORITY_TAG, TABLE_VERSION_BEFORE_KEY,
+             SOURCE_VERSION_KEY)
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PREFIX):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(owned):
                 spelled.setdefault(node.value, set()).add(path.relative_to(REPO).as_posix())
     outside = {key: files for key, files in spelled.items() if files != {"gpufn_dagster/tags.py"}}
     # Doctest examples are text, not code: they show the keys as a user sees them.
     assert outside == {}, outside
+    assert {LANCE_PREFIX, REFRESH_COMMIT_PREFIX, DAGSTER_PRIORITY_TAG} <= set(spelled)  # the check sees them
+
+
+def test_the_lance_keys_a_refresh_writes_are_the_vocabularys(tmp_path):
+    import lance
+    import pyarrow as pa
+
+    from gpufn_dagster import make_function, refresh_column
+    from gpufn_dagster.tags import FUNCTION_KEY, SIG_COLUMN_KEY
+    from gpufn_dagster.triggers import changed_data, operations_since
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"x": [1, 2]}), uri)
+    function = make_function(_double, table="t", column="y")
+    refresh_column(uri, function)
+    metadata = lance.dataset(uri).schema.field("y").metadata
+    assert metadata[SIG_COLUMN_KEY.encode()].decode() == function.sig_column
+    assert metadata[FUNCTION_KEY.encode()].decode() == function.name
+    operations = operations_since(lance.dataset(uri), 1)
+    (message,) = [m for op, m in operations if op == "DataReplacement"]
+    assert message.startswith(REFRESH_COMMIT_PREFIX) and function.name in message and function.version in message
+    assert not changed_data(operations)  # the table sensor sees no new or changed rows in it
+
+
+def _double(x: int) -> int:
+    return 2 * x
 
 
 def test_every_capacity_state_and_reason_a_tag_takes_is_in_the_readme():
@@ -90,12 +121,14 @@ def test_embedded_mode_never_imports_the_kubernetes_client():
 
 
 def test_gpufn_bookkeeping_tags_are_hidden_by_dagsters_own_rule_and_a_run_shows_at_most_three():
-    from dagster._core.storage.tags import HIDDEN_TAG_PREFIX, TagType, get_tag_type
+    from dagster._core.storage.tags import HIDDEN_TAG_PREFIX, PRIORITY_TAG, TagType, get_tag_type
 
     from gpufn_dagster import tags
 
     assert tags.HIDDEN_PREFIX.startswith(HIDDEN_TAG_PREFIX)
-    run_tags = {value for name, value in vars(tags).items() if name.endswith("_TAG") and isinstance(value, str)}
+    assert tags.DAGSTER_PRIORITY_TAG == PRIORITY_TAG  # Dagster's own, read, never written by gpufn
+    run_tags = {value for name, value in vars(tags).items() if name.endswith("_TAG") and isinstance(value, str)
+                and value != PRIORITY_TAG}
     shown = {t for t in run_tags if get_tag_type(t) is not TagType.HIDDEN}
     # What a user filters runs by; GPU_COUNT_TAG and SHARD_TAG are op tags (runs carry RUN_GPU_COUNT_TAG).
     assert shown == {tags.GPU_CLASS_TAG, tags.CAPACITY_TAG, tags.PLACEMENT_TAG, tags.GPU_COUNT_TAG, tags.SHARD_TAG}

@@ -1,0 +1,37 @@
+"""Every name this plugin takes from Dagster's private modules (`dagster._…`), in one place, each
+with why no public API serves. Pinned with the Dagster family (==1.13.27): when a release moves
+one, this is the one file to change, and `tests/unit/test_layout.py` keeps it the only importer.
+"""
+
+# A Function's spec rides on its asset as metadata that shows readable text in the UI and keeps
+# the Python object for the code that reads it back; no public MetadataValue holds an object.
+from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
+
+# The metadata of an engine event (`instance.report_engine_event`, `DagsterEvent.engine_event`),
+# the only way a launcher, coordinator or sensor writes a table of facts into a run's log.
+from dagster._core.events import EngineEventData
+
+# Validating and defaulting a run's `execution.config` against k8s_job_executor's own schema, so
+# gpufn's executor takes every option the executor it wraps does, with the same defaults.
+from dagster._config import process_config
+
+# The multiprocess executor's own config fields and requirements, so gpufn's executor offers
+# exactly its options (retries, tag concurrency limits) instead of a copy that drifts.
+from dagster._core.definitions.executor_definition import (get_retries_config, get_tag_concurrency_limits_config,
+                                                           multiple_process_executor_requirements)
+# The `retries` config read into the value Dagster's executors take (no public constructor).
+from dagster._core.execution.retries import RetryMode
+
+# The in-process half of gpufn's executor (CPU steps and local GPU slots) is Dagster's own
+# multiprocess executor, constructed directly: `dg.multiprocess_executor` is only its definition.
+from dagster._core.executor.multiprocess import MultiprocessExecutor
+
+# What a run launcher's `launch_run` receives (`dagster_k8s.K8sRunLauncher` subclasses take it too).
+from dagster._core.launcher import LaunchRunContext
+
+# What a step handler's `launch_step` receives (`dagster_k8s.K8sStepHandler` is subclassed here).
+from dagster._core.executor.step_delegating.step_handler.base import StepHandlerContext
+
+__all__ = ["EngineEventData", "LaunchRunContext", "MultiprocessExecutor", "ObjectMetadataValue", "RetryMode",
+           "StepHandlerContext", "get_retries_config", "get_tag_concurrency_limits_config",
+           "multiple_process_executor_requirements", "process_config"]
