@@ -15,10 +15,10 @@ import pyarrow as pa
 
 from docs_pipeline.udfs import EMBEDDING_DIM, MiniLMEmbedder, count_words, docs, shout
 from gpufn_dagster import build_definitions, gpu_function, materialized_view_asset
-from gpufn_dagster.checks import function_checks
+from gpufn_dagster.assets.checks import function_checks
 from gpufn_dagster.classes import CLASSES_DIR_ENV
-from gpufn_dagster.resources import DB_URI_ENV
-from gpufn_dagster.triggers import refresh_schedule, table_sensor
+from gpufn_dagster.assets.resources import DB_URI_ENV
+from gpufn_dagster.assets.triggers import refresh_schedule, table_sensor
 
 HERE = Path(__file__).parent
 os.environ.setdefault(CLASSES_DIR_ENV, str(HERE / "classes"))

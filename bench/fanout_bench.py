@@ -75,7 +75,7 @@ def fanout(rows: int, workers: list[int]) -> list[dict]:
         os.environ["GPUFN_LANCEDB_URI"] = str(db)
         lancedb.connect(str(db)).create_table("docs", pa.table({"id": list(range(rows)),
                                                                 "text": [f"doc {i}" for i in range(rows)]}))
-        overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
+        overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                          "config": {"classes_dir": str(classes)}}}
         target = PythonFileTarget(python_file=str(base / "bench_defs.py"), attribute="defs", working_directory=None,
                                   location_name="bench")

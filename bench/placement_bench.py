@@ -22,7 +22,7 @@ from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 from dagster_k8s import K8sRunLauncher
 
-from gpufn_dagster.launcher import GpuK8sRunLauncher
+from gpufn_dagster import GpuK8sRunLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 DEFS = REPO / "tests" / "integration" / "k8s_defs.py"
@@ -69,7 +69,7 @@ def timed_pod_specs(launcher, instance, runs) -> list[float]:
 
 def timed_resolution(instance, runs) -> list[float]:
     """Class resolution only: read the run's execution plan, take its steps' GPU tags, resolve the class."""
-    from gpufn_dagster.run.shared import plan_run
+    from gpufn_dagster.run.run_plan import plan_run
 
     times = []
     for run in runs:

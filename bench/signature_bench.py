@@ -25,7 +25,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from gpufn_dagster.functions import make_function
+from gpufn_dagster.function_spec.functions import make_function
 from gpufn_dagster.refresh.signature import row_signatures, scan_expressions
 
 

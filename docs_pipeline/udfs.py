@@ -5,7 +5,7 @@ import lancedb
 import pyarrow as pa
 
 from gpufn_dagster import LanceDBResource
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from gpufn_dagster.sample import sample_docs
 
 EMBEDDING_DIM = 384

@@ -1,7 +1,12 @@
 """GPU Functions on LanceDB tables as Dagster assets.
 
 The names below are imported on first use, so `gpufn --help` and a class listing do not pay for
-Dagster, LanceDB and the refresh engine.
+Dagster, LanceDB and the refresh engine. The instance's run launcher and run coordinator are named
+here too, as `dagster.yaml` names them:
+
+    run_launcher:
+      module: gpufn_dagster
+      class: GpuK8sRunLauncher
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from typing import Any
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Function": "functions", "FunctionDefinitionError": "errors", "FunctionOptions": "options",
-    "GpuClass": "classes", "GpuClassError": "errors", "GpufnError": "errors", "LanceDBResource": "resources",
-    "ColumnRefresh": "refresh.engine", "RefreshOptions": "refresh.engine", "RefreshResult": "refresh.results", "TableNotFound": "errors", "build_definitions": "definitions",
-    "function_asset": "assets", "function_of": "asset_spec", "gpu_function": "assets", "list_gpu_classes": "classes",
-    "load_gpu_classes": "classes", "make_function": "functions", "materialized_view_asset": "views",
-    "refresh_column": "refresh.engine", "gpu_classes_executor": "run.executor",
+    "ColumnRefresh": "refresh.engine", "Function": "function_spec.functions", "FunctionDefinitionError": "errors",
+    "FunctionOptions": "function_spec.options", "GpuClass": "classes", "GpuClassError": "errors",
+    "GpuK8sRunLauncher": "run.launcher", "GpuQueuedRunCoordinator": "run.local", "GpufnError": "errors",
+    "LanceDBResource": "assets.resources", "RefreshOptions": "refresh.engine", "RefreshResult": "refresh.results",
+    "TableNotFound": "errors", "build_definitions": "assets.definitions", "function_asset": "assets.function_asset",
+    "function_of": "assets.asset_spec", "gpu_classes_executor": "run.executor", "gpu_function": "assets.function_asset",
+    "list_gpu_classes": "classes", "load_gpu_classes": "classes", "make_function": "function_spec.functions",
+    "materialized_view_asset": "assets.views", "refresh_column": "refresh.engine",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -133,7 +133,7 @@ def capacity(as_json: bool) -> None:
                                    f"`dagster dev` runs (it keeps its instance in ./{PROJECT_HOME})")
     from dagster import DagsterInstance
 
-    from .run.shared import waiting_runs
+    from .run.run_plan import waiting_runs
 
     with DagsterInstance.from_config(str(home)) as instance:
         waiting = waiting_runs(instance)

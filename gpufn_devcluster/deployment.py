@@ -117,7 +117,7 @@ class Deployment:
         instance_yaml = {
             "storage": {"postgres": {"postgres_url": self.postgres.database()}},
             "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
-            "run_launcher": {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
+            "run_launcher": {"module": "gpufn_dagster", "class": "GpuK8sRunLauncher", "config": {
                 "instance_config_map": "dagster-instance", "service_account_name": "default",
                 "job_namespace": self.namespace, "load_incluster_config": False,
                 "kubeconfig_file": str(self.cluster.kubeconfig), "job_image": WORKER_IMAGE, "image_pull_policy": "Never",

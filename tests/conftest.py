@@ -205,7 +205,7 @@ def launcher_at(tmp_path: Path, server: str, classes_dir: Path) -> dict:
         "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return {"module": "gpufn_dagster.launcher", "class": "GpuK8sRunLauncher", "config": {
+    return {"module": "gpufn_dagster", "class": "GpuK8sRunLauncher", "config": {
         "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": "default",
         "load_incluster_config": False, "kubeconfig_file": str(kubeconfig), "job_image": "img",
         "classes_dir": str(classes_dir)}}

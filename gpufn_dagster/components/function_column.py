@@ -7,17 +7,17 @@ from typing import Annotated, Any
 
 import dagster as dg
 
-from ..assets import function_asset
-from ..checks import function_checks
+from ..assets.checks import function_checks
+from ..assets.function_asset import function_asset
 from ..errors import ComponentError, FunctionDefinitionError
-from ..functions import make_function
-from ..options import FunctionOptions
+from ..function_spec.functions import make_function
+from ..function_spec.options import FunctionOptions
 
 
 def import_object(path: str) -> Any:
     """The object an import path names: `package.module:name` (or `:Outer.inner`).
 
-    >>> import_object("gpufn_dagster.options:FunctionOptions").__name__
+    >>> import_object("gpufn_dagster.function_spec.options:FunctionOptions").__name__
     'FunctionOptions'
     """
     module_name, _, attribute = path.partition(":")

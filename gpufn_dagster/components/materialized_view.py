@@ -5,8 +5,8 @@ from typing import Annotated
 
 import dagster as dg
 
-from ..options import described
-from ..views import materialized_view_asset
+from ..assets.views import materialized_view_asset
+from ..function_spec.options import described
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,8 +5,8 @@ from typing import Annotated
 
 import dagster as dg
 
-from ..options import described
-from ..triggers import refresh_schedule, table_sensor
+from ..assets.triggers import refresh_schedule, table_sensor
+from ..function_spec.options import described
 
 
 Targets = Annotated[list[str], described(

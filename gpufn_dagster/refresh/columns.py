@@ -7,8 +7,8 @@ import pyarrow as pa
 from lancedb.materialized_view import DEFINITION_META_KEY
 
 from ..errors import FunctionDefinitionError
-from ..functions import Function
-from ..arrow_types import datafusion_type
+from ..function_spec.arrow_types import datafusion_type
+from ..function_spec.functions import Function
 from ..tags import FUNCTION_KEY, SIG_COLUMN_KEY
 from .files import TableFiles
 from .signature import SIG_TYPE

@@ -8,7 +8,7 @@ import lance
 from lance.commit import CommitConflictError
 
 from ..errors import CommitRefused
-from ..functions import Function
+from ..function_spec.functions import Function
 from ..tags import refresh_commit_message
 from .files import TableFiles
 from .fragments import FragmentResult

@@ -44,7 +44,7 @@ from typing import Any
 
 
 from ..errors import CommitRacesLost
-from ..functions import Function
+from ..function_spec.functions import Function
 from .columns import ensure_columns
 from .commit import Publisher, commit_groups, state_after
 from .files import TableFiles
@@ -119,7 +119,7 @@ class ColumnRefresh:
 
     Example:
         >>> import lance, pyarrow as pa, tempfile
-        >>> from gpufn_dagster.functions import make_function
+        >>> from gpufn_dagster.function_spec.functions import make_function
         >>> uri = tempfile.mkdtemp() + "/t.lance"
         >>> _ = lance.write_dataset(pa.table({"x": list(range(10_000))}), uri)
         >>> def double(x: int) -> int:
@@ -333,7 +333,7 @@ def refresh_column(table: str | TableFiles, function: Function, *, storage_optio
         >>> _ = lance.write_dataset(pa.table({"x": [1, 2, 3]}), uri)
         >>> def double(x: int) -> int:
         ...     return 2 * x
-        >>> from gpufn_dagster.functions import make_function
+        >>> from gpufn_dagster.function_spec.functions import make_function
         >>> f = make_function(double, table="t", column="y")
         >>> refresh_column(uri, f).rows_computed, refresh_column(uri, f).rows_computed
         (3, 0)

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import FunctionFailed
-from ..functions import CallStyle, Function
+from ..function_spec.functions import CallStyle, Function
 from .reads import split_address
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import lance
 
-from ..functions import Function
+from ..function_spec.functions import Function
 from .state import ColumnState
 
 OUR_FILE = re.compile(r"^gpufn-(?P<version>[0-9a-f]{16})-(?P<inputs>[0-9a-f]{12})-[0-9a-f]{32}\.lance$")

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import UnsupportedInputType
-from ..functions import Function
+from ..function_spec.functions import Function
 
 SIG_TYPE = pa.uint64()
 # Stored for a row that failed under on_error="skip": no computed signature equals it, so the row

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import UpstreamNotCurrent
-from ..functions import Function
+from ..function_spec.functions import Function
 from ..tags import FUNCTION_KEY, SIG_COLUMN_KEY
 from .files import TableFiles
 from .plan import plan_fragments

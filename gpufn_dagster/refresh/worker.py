@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..functions import Function
+from ..function_spec.functions import Function
 from .batches import BatchSizer
 from .checkpoint import CheckpointStore
 from .execute import BatchFit

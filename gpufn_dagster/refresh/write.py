@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 from lance.file import LanceFileWriter
 
-from ..functions import FunctionDefinitionError
+from ..function_spec.functions import FunctionDefinitionError
 from .files import TableFiles
 
 

@@ -29,7 +29,7 @@ from ..dagster_private import (MultiprocessExecutor, RetryMode, get_retries_conf
                                multiple_process_executor_requirements, process_config)
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG
-from .shared import STEP_PODS_FIELD, RunKind
+from .run_plan import STEP_PODS_FIELD, RunKind
 
 
 def placed_per_step(run_tags: Mapping[str, str]) -> bool:

@@ -25,7 +25,7 @@ from ..dagster_private import EngineEventData, StepHandlerContext
 from ..errors import PlacementError
 from .placement import (K8S_CONFIG_SECTIONS, PodPlacement, check_no_extra_gpus, decode_step_placements, enforce_placement,
                         step_gpu_request)
-from .shared import STEP_PLACEMENTS_ENV
+from .run_plan import STEP_PLACEMENTS_ENV
 
 def placed_context(context: K8sContainerContext, decided: PodPlacement) -> K8sContainerContext:
     """`context` with the decided placement checked and enforced over everything it holds.

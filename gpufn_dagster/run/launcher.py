@@ -3,7 +3,7 @@
 Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `classes_dir`:
 
     run_launcher:
-      module: gpufn_dagster.launcher         # re-exports this module's GpuK8sRunLauncher
+      module: gpufn_dagster         # the package exports GpuK8sRunLauncher
       class: GpuK8sRunLauncher
       config:
         instance_config_map: dagster-instance
@@ -45,7 +45,7 @@ from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, run_gpu_tags
 from .k8s_api import API_ERRORS, api_error
 from .k8s_pods import placed_context
 from .placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
-from .shared import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunKind, RunPlan, plan_run
+from .run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunKind, RunPlan, plan_run
 
 class GpuK8sRunLauncher(K8sRunLauncher):
     """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits.

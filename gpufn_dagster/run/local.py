@@ -2,7 +2,7 @@
 
     # deploy/dagster-embedded.yaml (the README's first command copies it to .dagster_home/dagster.yaml)
     run_coordinator:
-      module: gpufn_dagster.local            # re-exports this module's class
+      module: gpufn_dagster            # the package exports GpuQueuedRunCoordinator
       class: GpuQueuedRunCoordinator
       config: {classes_dir: classes}
 
@@ -40,7 +40,7 @@ from .capacity import past_max_wait
 from .estimate import waited_tag
 from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
-from .shared import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
+from .run_plan import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
 
 
 # A run held because the class files do not load never leaves the queue while that lasts.

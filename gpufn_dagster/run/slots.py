@@ -21,7 +21,7 @@ from typing import Any
 
 from ..classes import GpuClass
 from ..tags import PLACEMENT_TAG
-from .shared import RunKind
+from .run_plan import RunKind
 
 
 @contextmanager

@@ -47,7 +47,7 @@ from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
-from .shared import RunKind, release_ended_runs
+from .run_plan import RunKind, release_ended_runs
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}

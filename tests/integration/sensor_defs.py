@@ -1,7 +1,7 @@
 """A code location with a table sensor, for the sensor daemon test (database from $GPUFN_LANCEDB_URI)."""
 
 from gpufn_dagster import build_definitions, gpu_function
-from gpufn_dagster.triggers import table_sensor
+from gpufn_dagster.assets.triggers import table_sensor
 
 
 def upper(text: str) -> str:

@@ -19,7 +19,7 @@ import yaml
 from dagster.components import load_defs
 
 from gpufn_dagster import build_definitions
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from ..conftest import REPO
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from gpufn_dagster import FunctionDefinitionError, build_definitions, gpu_function, make_function, refresh_column
-from gpufn_dagster.reporting import ERRORS_TABLE
+from gpufn_dagster.assets.reporting import ERRORS_TABLE
 from gpufn_dagster.errors import CommitRefused
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 CALLS: list[str] = []
 

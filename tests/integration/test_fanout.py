@@ -22,7 +22,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 import pytest
 
 from gpufn_dagster.refresh.files import TableFiles
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
 
 DEFS = Path(__file__).with_name("fanout_defs.py")
@@ -45,7 +45,7 @@ def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: st
     lancedb.connect(db_uri).create_table(
         "docs", pa.table({"id": list(range(rows)), "text": [f"doc {i}" for i in range(rows)]}),
         storage_options=STABLE_ROW_IDS)
-    overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
+    overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}}}
     target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None, location_name="fanout")
     with instance_for_test(overrides=overrides) as instance, \

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pytest
 
 from gpufn_dagster import FunctionDefinitionError, build_definitions, function_of, gpu_function
-from gpufn_dagster.functions import CallStyle
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.function_spec.functions import CallStyle
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 
 def make_table(db_uri: str, rows: int = 100) -> None:

@@ -29,7 +29,7 @@ DEFS = Path(__file__).with_name("k8s_defs.py")
 
 def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK8sRunLauncher") -> dict:
     return {
-        "module": "gpufn_dagster.launcher" if cls == "GpuK8sRunLauncher" else "dagster_k8s",
+        "module": "gpufn_dagster" if cls == "GpuK8sRunLauncher" else "dagster_k8s",
         "class": cls,
         "config": {
             "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": namespace,
@@ -437,7 +437,7 @@ def test_api_errors_keep_dagster_k8s_exceptions_for_cpu_runs_and_are_explained_f
 
 
 def test_the_launcher_takes_k8s_run_launchers_positional_arguments(cluster):
-    from gpufn_dagster.launcher import GpuK8sRunLauncher
+    from gpufn_dagster import GpuK8sRunLauncher
 
     launcher = GpuK8sRunLauncher("default", "dagster-instance", load_incluster_config=False,
                                  kubeconfig_file=str(cluster.kubeconfig), dagster_home="/opt/dagster",

@@ -23,7 +23,7 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from ..conftest import wait_for
 
@@ -63,7 +63,7 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = DEF
     (classes_dir / "default.yaml").write_text(yaml.safe_dump(spec))
     lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(rows)), "text": [f"d{i}" for i in range(rows)]}),
                                          storage_options=STABLE_ROW_IDS)
-    overrides = {"run_coordinator": {"module": "gpufn_dagster.local", "class": "GpuQueuedRunCoordinator",
+    overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}},
                  **({"storage": {"postgres": {"postgres_url": postgres_url}}} if postgres_url else {})}
     target = PythonFileTarget(python_file=str(defs), attribute="defs", working_directory=str(DEFS.parent),

@@ -12,7 +12,7 @@ from dagster._core.test_utils import instance_for_test
 
 from gpufn_dagster import LanceDBResource, build_definitions, gpu_function
 from gpufn_dagster.refresh.files import TableFiles
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 pytestmark = pytest.mark.s3
 

@@ -26,10 +26,10 @@ import pytest
 from lancedb.index import IvfFlat
 
 from gpufn_dagster import build_definitions, function_of, gpu_function, make_function, refresh_column
-from gpufn_dagster.reporting import ERRORS_TABLE
+from gpufn_dagster.assets.reporting import ERRORS_TABLE
 from gpufn_dagster.errors import UpstreamNotCurrent
 from gpufn_dagster.refresh.files import TableFiles
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
 
 CALLS: list[object] = []

@@ -13,7 +13,7 @@ import pytest
 
 from gpufn_dagster import gpu_function, make_function, refresh_column
 from gpufn_dagster.errors import FunctionFailed
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from .test_refresh import make_docs, metadata, open_table, run, values
 

@@ -13,9 +13,9 @@ from dagster._core.test_utils import instance_for_test
 
 from tests.storages import STORAGES
 from gpufn_dagster import build_definitions, gpu_function
-from gpufn_dagster.checks import function_checks
-from gpufn_dagster.resources import STABLE_ROW_IDS, LanceDBResource
-from gpufn_dagster.triggers import changed_data, refresh_schedule, table_sensor, unfilled_rows_sensor
+from gpufn_dagster.assets.checks import function_checks
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS, LanceDBResource
+from gpufn_dagster.assets.triggers import changed_data, refresh_schedule, table_sensor, unfilled_rows_sensor
 
 
 def upper(text: str) -> str:

@@ -10,7 +10,7 @@ import time
 import lancedb
 import pytest
 
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from gpufn_dagster.sample import sample_docs
 
 from ..conftest import REPO

@@ -11,7 +11,7 @@ import lancedb
 import pyarrow as pa
 import pytest
 
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from ..conftest import REPO
 from .ui import HAVE_BROWSER, chromium, dagster_dev, dismiss_dialog, graphql, screenshot, wait_for_text

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from gpufn_dagster import TableNotFound, build_definitions, gpu_function, materialized_view_asset
-from gpufn_dagster.resources import STABLE_ROW_IDS
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
 
 CALLS: list[str] = []

@@ -91,7 +91,7 @@ def test_a_holder_counts_from_when_it_got_its_gpus_and_history_leaves_waits_out(
 
 
 def test_an_estimate_tag_never_stays_on_a_run_that_ended_while_waiting():
-    from gpufn_dagster.run.shared import release_ended_runs
+    from gpufn_dagster.run.run_plan import release_ended_runs
 
     with instance_for_test() as instance:
         run = create_run_for_test(instance, job_name="embed", status=DagsterRunStatus.STARTED,

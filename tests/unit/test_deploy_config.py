@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 from dagster._config import process_config
 
-from gpufn_dagster.launcher import GpuK8sRunLauncher
+from gpufn_dagster import GpuK8sRunLauncher
 
 from ..conftest import REPO
 
@@ -23,7 +23,7 @@ def test_the_helm_values_give_the_custom_run_launcher_a_config_it_takes(monkeypa
     launcher = values["runLauncher"]
     assert launcher["type"] == "CustomRunLauncher"
     custom = launcher["config"]["customRunLauncher"]
-    assert (custom["module"], custom["class"]) == ("gpufn_dagster.launcher", "GpuK8sRunLauncher")
+    assert (custom["module"], custom["class"]) == ("gpufn_dagster", "GpuK8sRunLauncher")
     assert _valid(custom["config"]) == []
     assert values["dagsterDaemon"]["runMonitoring"]["startTimeoutSeconds"] == 0  # waits are bounded by max_wait
     assert values["postgresql"]["postgresqlScheme"] == "postgresql+psycopg2"

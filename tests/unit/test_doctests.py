@@ -8,14 +8,14 @@ import importlib
 import pytest
 
 MODULES = [
-    "gpufn_dagster.assets", "gpufn_dagster.checks", "gpufn_dagster.classes", "gpufn_dagster.code_version",
-    "gpufn_dagster.components.function_column", "gpufn_dagster.definitions", "gpufn_dagster.functions",
-    "gpufn_dagster.k8s_syntax", "gpufn_dagster.options", "gpufn_dagster.refresh.batches", "gpufn_dagster.refresh.engine",
+    "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.checks", "gpufn_dagster.classes", "gpufn_dagster.function_spec.code_version",
+    "gpufn_dagster.components.function_column", "gpufn_dagster.assets.definitions", "gpufn_dagster.function_spec.functions",
+    "gpufn_dagster.k8s_syntax", "gpufn_dagster.function_spec.options", "gpufn_dagster.refresh.batches", "gpufn_dagster.refresh.engine",
     "gpufn_dagster.refresh.execute", "gpufn_dagster.refresh.gpu_stats",
     "gpufn_dagster.refresh.progress", "gpufn_dagster.refresh.reads",
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
-    "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.triggers",
-    "gpufn_dagster.views",
+    "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.assets.triggers",
+    "gpufn_dagster.assets.views",
 ]
 
 

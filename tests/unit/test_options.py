@@ -11,7 +11,7 @@ import pytest
 
 from gpufn_dagster import FunctionDefinitionError, function_of, gpu_function, make_function
 from gpufn_dagster.components import FunctionColumn
-from gpufn_dagster.options import FunctionOptions
+from gpufn_dagster.function_spec.options import FunctionOptions
 
 OPTIONS = [f.name for f in dataclasses.fields(FunctionOptions)]
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from gpufn_dagster import make_function, refresh_column
-from gpufn_dagster.arrow_types import parse_arrow_type
+from gpufn_dagster.function_spec.arrow_types import parse_arrow_type
 from gpufn_dagster.k8s_syntax import parse_quantity
 from gpufn_dagster.refresh.columns import ensure_columns
 from gpufn_dagster.refresh.files import TableFiles

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpufn_dagster.functions import make_function
+from gpufn_dagster.function_spec.functions import make_function
 from gpufn_dagster.refresh.signature import (FAILED, UnsupportedInputType, row_signatures, scan_expressions,
                                              unsupported_reason, value_hashes)
 

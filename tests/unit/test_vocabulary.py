@@ -42,7 +42,7 @@ def test_the_lance_keys_a_refresh_writes_are_the_vocabularys(tmp_path):
 
     from gpufn_dagster import make_function, refresh_column
     from gpufn_dagster.tags import FUNCTION_KEY, SIG_COLUMN_KEY
-    from gpufn_dagster.triggers import changed_data, operations_since
+    from gpufn_dagster.assets.triggers import changed_data, operations_since
 
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"x": [1, 2]}), uri)
@@ -107,15 +107,15 @@ def test_every_error_the_package_defines_is_a_gpufn_error_from_the_errors_module
 
 
 def test_embedded_mode_never_imports_the_kubernetes_client():
-    code = ("import sys, gpufn_dagster, gpufn_dagster.local, gpufn_dagster.components, gpufn_dagster.triggers, "
-            "gpufn_dagster.checks, gpufn_dagster.cli\n"
+    code = ("import sys, gpufn_dagster, gpufn_dagster.run.local, gpufn_dagster.components, gpufn_dagster.assets.triggers, "
+            "gpufn_dagster.assets.checks, gpufn_dagster.cli\n"
             "import docs_pipeline.udfs\n"
             "print(sorted(m for m in ('kubernetes', 'dagster_k8s', 'gpufn_devcluster', 'cryptography') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     # ...while the Kubernetes path does load it (so the check above can fail).
-    out = subprocess.run([sys.executable, "-c", "import sys, gpufn_dagster.launcher; print('dagster_k8s' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys; from gpufn_dagster import GpuK8sRunLauncher; print('dagster_k8s' in sys.modules)"],
                          capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "True"
 

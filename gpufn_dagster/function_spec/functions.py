@@ -21,10 +21,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from .classes import DEFAULT_CLASS
+from ..classes import DEFAULT_CLASS
+from ..errors import FunctionDefinitionError
 from .arrow_types import parse_arrow_type
 from .code_version import code_digest
-from .errors import FunctionDefinitionError
 from .options import ErrorPolicy, FunctionOptions, document_options
 # Part of every Function version: bumped when what the engine stores per row changes (the
 # signature scheme), so each column is recomputed once after such an upgrade, never compared

@@ -18,11 +18,11 @@ from collections.abc import Iterable, Sequence
 import dagster as dg
 import lance
 
+from ..errors import FunctionDefinitionError
+from ..tags import (REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
+                    UNFILLED_ROWS_TAG, run_gpu_tags)
 from .asset_spec import function_of
-from .errors import FunctionDefinitionError
 from .resources import LanceDBResource
-from .tags import (REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
-                   UNFILLED_ROWS_TAG, run_gpu_tags)
 
 _NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
 

@@ -24,18 +24,18 @@ from typing import Any
 
 import dagster as dg
 
+from ..classes import ClassNow, GpuClass
+from ..refresh.engine import ColumnRefresh, RefreshOptions
+from ..refresh.progress import Progress
+from ..refresh.results import RefreshPlan, ShardResult
+from ..refresh.shards import Shard
+from ..run.slots import step_slot
+from ..function_spec.functions import Function
+from ..tags import GPU_COUNT_TAG, SHARD_TAG
 from .asset_spec import reads
-from .classes import ClassNow, GpuClass
-from .functions import Function
-from .refresh.engine import ColumnRefresh, RefreshOptions
-from .refresh.results import RefreshPlan, ShardResult
-from .refresh.progress import Progress
-from .refresh.shards import Shard
 from .reporting import WorkerFigures, device_used, record_errors, refresh_metadata
 from .resources import LanceDBResource
-from .run.slots import step_slot
 from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
-from .tags import GPU_COUNT_TAG, SHARD_TAG
 
 SHARD_RETRIES = 3
 

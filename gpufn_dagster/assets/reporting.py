@@ -13,11 +13,11 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from .classes import GpuClass
-from .functions import Function
-from .refresh.results import RefreshResult
+from ..classes import GpuClass
+from ..refresh.results import RefreshResult
+from ..function_spec.functions import Function
+from ..tags import TABLE_VERSION_BEFORE_KEY
 from .resources import LanceDBResource
-from .tags import TABLE_VERSION_BEFORE_KEY
 
 ERRORS_TABLE = "gpufn_errors"
 # One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
@@ -68,7 +68,7 @@ def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: flo
     """GPU-seconds and cost of a GPU Function's refresh, billed only when a GPU was visible to it.
 
     >>> from gpufn_dagster.classes import GpuClass
-    >>> from gpufn_dagster.functions import make_function
+    >>> from gpufn_dagster.function_spec.functions import make_function
     >>> t4 = GpuClass(name="default", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1,
     ...               price_per_gpu_hour=0.36)
     >>> def f(x: int) -> int: return x

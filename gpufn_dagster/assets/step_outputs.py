@@ -13,7 +13,7 @@ import re
 
 import dagster as dg
 
-from .refresh.files import TableFiles
+from ..refresh.files import TableFiles
 from .resources import LanceDBResource
 
 STEP_OUTPUTS_KEY = "gpufn_step_outputs"

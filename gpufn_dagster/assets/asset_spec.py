@@ -11,10 +11,10 @@ entry's text (`function_metadata`, `reads_metadata`): the code behind the column
 from typing import Any
 
 import dagster as dg
-from .dagster_private import ObjectMetadataValue
+from ..dagster_private import ObjectMetadataValue
 
-from .functions import Function
-from .tags import DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, READS_METADATA_KEY
+from ..function_spec.functions import Function
+from ..tags import DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, READS_METADATA_KEY
 
 
 def _spec_metadata(asset: dg.AssetsDefinition | dg.AssetSpec) -> Any:
@@ -30,9 +30,9 @@ def function_metadata(function: Function) -> ObjectMetadataValue:
     its text: which Python code computes the column, and how it is called.
 
     >>> def shout(text: str) -> str: return text.upper()
-    >>> from gpufn_dagster.functions import make_function
+    >>> from gpufn_dagster.function_spec.functions import make_function
     >>> function_metadata(make_function(shout, table="docs", column="loud")).value
-    'gpufn_dagster.asset_spec.shout, called per row'
+    'gpufn_dagster.assets.asset_spec.shout, called per row'
     """
     target = function.target
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"

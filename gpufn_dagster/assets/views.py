@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from .refresh.carry import carry_over
+from ..refresh.carry import carry_over
+from ..tags import SOURCE_VERSION_KEY
 from .resources import LanceDBResource, TableNotFound
-from .tags import SOURCE_VERSION_KEY
 
 
 def materialized_view_asset(

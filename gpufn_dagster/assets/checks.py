@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from ..errors import FunctionDefinitionError
+from ..refresh.signature import FAILED
 from .asset_spec import function_of
-from .errors import FunctionDefinitionError
-from .refresh.signature import FAILED
 from .resources import LanceDBResource
 
 

@@ -105,7 +105,7 @@ def _project_file(path: str | None) -> tuple[str, str | None]:
     directory above the file that is not a package, the same however the module was imported.
 
     >>> _project_file(__file__)[0], _project_file(__file__)[1]
-    ('gpufn_dagster/code_version.py', 'gpufn_dagster')
+    ('gpufn_dagster/function_spec/code_version.py', 'gpufn_dagster')
     """
     if not path:
         return "", None

@@ -17,19 +17,19 @@ from typing import Any
 
 import dagster as dg
 
-from .classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
+from ..classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
+from ..errors import FunctionDefinitionError, GpuClassError
+from ..refresh.engine import ColumnRefresh, RefreshOptions
+from ..refresh.progress import Progress
+from ..run.slots import step_slot
+from ..function_spec.functions import Function, make_function
+from ..function_spec.options import document_options
+from ..tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
+                    gpu_pool, gpu_tags)
 from .asset_spec import function_metadata, reads, reads_metadata
-from .errors import FunctionDefinitionError, GpuClassError
 from .fanout_asset import fanout_asset
-from .functions import Function, make_function
-from .options import document_options
-from .refresh.engine import ColumnRefresh, RefreshOptions
-from .refresh.progress import Progress
 from .reporting import record_errors, refresh_metadata
 from .resources import LanceDBResource
-from .run.slots import step_slot
-from .tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
-                   gpu_pool, gpu_tags)
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import dagster as dg
 import lancedb
 from pydantic import Field
 
-from .errors import TableNotFound
-from .refresh.files import TableFiles
+from ..errors import TableNotFound
+from ..refresh.files import TableFiles
 
 DB_URI_ENV = "GPUFN_LANCEDB_URI"
 DEFAULT_DB_URI = ".gpufn_data/lancedb"

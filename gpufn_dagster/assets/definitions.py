@@ -18,15 +18,15 @@ from typing import Any
 
 import dagster as dg
 
+from ..errors import FunctionDefinitionError
+from ..refresh.columns import is_function_column
+from ..refresh.signature import unsupported_reason
+from ..run.executor import gpu_classes_executor
+from ..function_spec.functions import Function
+from ..tags import READS_METADATA_KEY
 from .asset_spec import declared_in, function_of, reads_metadata
-from .assets import function_asset
-from .errors import FunctionDefinitionError
-from .functions import Function
-from .refresh.columns import is_function_column
-from .refresh.signature import unsupported_reason
+from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
-from .run.executor import gpu_classes_executor
-from .tags import READS_METADATA_KEY
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -37,7 +37,7 @@ def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
 def upstream_functions(function: Function, functions: Sequence[Function]) -> list[Function]:
     """The other Functions whose output columns this Function reads (on the same table).
 
-    >>> from gpufn_dagster.functions import make_function
+    >>> from gpufn_dagster.function_spec.functions import make_function
     >>> def embed(text: str) -> float: return 0.0
     >>> def score(embedding: float) -> float: return embedding
     >>> a = make_function(embed, table="docs", column="embedding")

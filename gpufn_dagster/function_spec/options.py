@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 import dagster as dg
 
+from ..errors import ComponentError, FunctionDefinitionError
 from .arrow_types import parse_arrow_type
-from .errors import ComponentError, FunctionDefinitionError
 
 ErrorPolicy = Literal["fail", "skip"]
 
