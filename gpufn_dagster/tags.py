@@ -29,7 +29,7 @@ HIDDEN_PREFIX = ".dagster/" + PREFIX
 GPU_CLASS_TAG = PREFIX + "gpu-class"
 GPU_COUNT_TAG = PREFIX + "gpu-count"
 RUN_GPU_COUNT_TAG = HIDDEN_PREFIX + "gpu-count"  # on runs: the GPUs per worker of its class
-# On runs: how the launcher placed the run (`run.shared.RunKind`, or "rejected").
+# On runs: how the launcher placed the run (a `RunKind` value, or "rejected").
 PLACEMENT_TAG = PREFIX + "placement"
 # On the shard op of a refresh spread over several workers: each shard is a step with its own GPU worker.
 SHARD_TAG = PREFIX + "shard"
@@ -44,7 +44,7 @@ WAIT_ESTIMATE_TAG = HIDDEN_PREFIX + "wait-estimate"  # "about 25 min", "now" or 
 HOLDING_SINCE_TAG = HIDDEN_PREFIX + "holding-since"  # when the run got its GPUs (its time on them counts from here)
 QUEUE_POSITION_TAG = HIDDEN_PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
 POSITION_SAID_TAG = HIDDEN_PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
-KUEUE_TAG = HIDDEN_PREFIX + "kueue"  # Kueue mode: its Workload's state (`kueue.WorkloadStatus.state`)
+KUEUE_TAG = HIDDEN_PREFIX + "kueue"  # Kueue mode: its Workload's state (a `KueueState` value)
 # On runs started by the table and unfilled-rows sensors (their events say the same in words).
 TABLE_TAG = HIDDEN_PREFIX + "table"
 TABLE_VERSION_TAG = HIDDEN_PREFIX + "table-version"
@@ -84,6 +84,30 @@ def refresh_commit_message(function_name: str, version: str) -> str:
     'gpufn refresh docs__embedding version 1a2b'
     """
     return f"{REFRESH_COMMIT_PREFIX} {function_name} version {version}"
+
+
+class RunKind(Enum):
+    """Every value of `gpufn/placement` but "rejected": how a run meets GPUs -- not at all, on its run
+    worker, in its steps' own pods, or (embedded mode) each GPU step on a local slot of its class."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+    PER_STEP = "per-step"
+    LOCAL = "local"
+
+
+class KueueState(str, Enum):
+    """Every value of `.dagster/gpufn/kueue`: where a run's Workload stands in Kueue (`run.kueue`)."""
+
+    PENDING = "pending"                # no quota reserved yet
+    QUOTA_RESERVED = "quota-reserved"  # quota reserved; admission checks still run
+    ADMITTED = "admitted"
+    PREEMPTED = "preempted"            # evicted for a higher priority; waiting again
+    EVICTED = "evicted"                # evicted for another cause (pods not ready in time); waiting again
+    FINISHED = "finished"
+
+
+KUEUE_WAITING = frozenset({KueueState.PENDING, KueueState.QUOTA_RESERVED, KueueState.PREEMPTED, KueueState.EVICTED})
 
 
 class CapacityState(str, Enum):

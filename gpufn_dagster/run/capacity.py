@@ -7,9 +7,11 @@ the class could hold the request even empty. A pod held by scheduling gates, or 
 reason that is not scheduling (image pull, crash), is reported as what it is -- never as a wait.
 
 `decide` turns a verdict, the run's tags from the last tick and the time into a `Decision`: the
-tags to write, the event to report, and whether to fail the run (deleting its Job). The watcher
-applies decisions and does nothing else, so every rule of what a run shows is here, testable
-without Kubernetes or Dagster.
+tags to write, the event to report, and whether to fail the run (deleting its Job) -- final, for
+every case: a run pod's, a step pod's (naming the steps that wait), a Kueue Workload's (with its
+state tag), a run without a pod (`decide_without_pod`) and a Workload Kueue admitted
+(`decide_admitted`). The watcher observes, asks, and applies decisions as they are, so every rule
+of what a run shows is here, testable without Kubernetes or Dagster.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, HOLDING_SINCE_TAG,
-                    POSITION_SAID_TAG, QUEUE_POSITION_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityReason,
-                    CapacityState, seconds_from_tag, time_tag, waiting_since)
+                    KUEUE_TAG, POSITION_SAID_TAG, QUEUE_POSITION_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityReason,
+                    CapacityState, KueueState, seconds_from_tag, time_tag, waiting_since)
+from . import kueue
 from .estimate import waited_tag
 
 _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<reasons>.*?)(?:\.\s|\.$|$)", re.S)
@@ -129,16 +132,36 @@ def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count:
     gates = _get(pod, "spec", "scheduling_gates") or _get(pod, "spec", "schedulingGates")
     if gates or (scheduled is not None and _get(scheduled, "reason") == "SchedulingGated"):
         names = ", ".join(_get(g, "name") or str(g) for g in gates or [])
-        return Verdict(CapacityState.GATED, "SchedulingGated", f"held by scheduling gates {names}".strip(), autoscaler=autoscaler)
+        return Verdict(CapacityState.GATED, CapacityReason.SCHEDULING_GATED.value, f"held by scheduling gates {names}".strip(), autoscaler=autoscaler)
     if scheduled is None or _get(scheduled, "status") != "False" or _get(scheduled, "reason") != "Unschedulable":
         return Verdict(CapacityState.PENDING, autoscaler=autoscaler)
     message = _get(scheduled, "message") or ""
     reasons = parse_scheduler_message(message)
     if could_ever_fit(gpu_class, gpu_count, pool) is False:
-        return Verdict(CapacityState.NEVER_FITS, "Unschedulable",
+        return Verdict(CapacityState.NEVER_FITS, CapacityReason.UNSCHEDULABLE.value,
                        f"no node of GPU class {gpu_class.name!r} has {gpu_count} x {gpu_class.resource_name} "
                        f"allocatable even when empty; the scheduler says: {message}", reasons=reasons, autoscaler=autoscaler)
-    return Verdict(CapacityState.WAITING, "Unschedulable", message, reasons=reasons, autoscaler=autoscaler)
+    return Verdict(CapacityState.WAITING, CapacityReason.UNSCHEDULABLE.value, message, reasons=reasons,
+                   autoscaler=autoscaler)
+
+
+def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
+    """A waiting Workload as a capacity verdict: Kueue's words verbatim, and whether it was preempted.
+
+    A request larger than the ClusterQueue's maximum capacity (its quota plus all it may borrow)
+    can never be admitted: that never fits, as a class whose nodes can never hold it.
+    """
+    if workload.state == KueueState.PENDING and (workload.reason == kueue.EXCEEDS_MAX_QUOTA
+                                                 or kueue.exceeds_maximum_capacity(workload.message)):
+        return Verdict(CapacityState.NEVER_FITS, CapacityReason.NEVER_FITS.value,
+                       f"ClusterQueue {workload.cluster_queue} can never admit it; Kueue says: {workload.describe()}",
+                       source="Kueue")
+    reason = {KueueState.PREEMPTED: CapacityReason.KUEUE_PREEMPTED, KueueState.EVICTED: CapacityReason.KUEUE_EVICTED}.get(
+        workload.state, CapacityReason.KUEUE_PENDING)
+    source = {KueueState.PREEMPTED: "Kueue preempted it (it waits to be admitted again; its code did not fail)",
+              KueueState.EVICTED: "Kueue evicted it (it waits to be admitted again; its code did not fail)"}.get(
+        workload.state, "Kueue")
+    return Verdict(CapacityState.WAITING, reason.value, workload.describe(), source=source)
 
 
 def past_max_wait(gpu_class: GpuClass, waited: float) -> bool:
@@ -189,14 +212,17 @@ def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decis
 
 def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
            position: tuple[int, int] | None, now: float, queue: str = "waiting on this class",
-           ahead: Sequence[str] = ()) -> Decision:
-    """What to record for a STARTING GPU run whose pod got `verdict`, given its tags from earlier ticks.
+           ahead: Sequence[str] = (), kueue_state: str | None = None, steps: Sequence[str] = ()) -> Decision:
+    """What to record for a GPU run whose pod (or Kueue Workload) got `verdict`, given its tags from
+    earlier ticks: the final tags, event and failure, applied as they are.
 
     An unchanged wait is not reported again (its last event is remembered as a digest tag), and a
     wait past the class's `max_wait` fails the run. `position` is (place, of how many) among the
     runs waiting on the class, or in `queue` (Kueue's ClusterQueue), and `ahead` the runs before it
-    (the first few are named); a wait that follows a run's
-    time on a node (Kueue preempted it) counts from then.
+    (the first few are named); a wait that follows a run's time on a node (Kueue preempted it)
+    counts from then. `kueue_state` is the state of the run's Workload when Kueue holds it (its
+    tag follows it); `steps` the steps whose pods wait, for a run placed per step (the event
+    names them).
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", resource_name="nvidia.com/gpu", gpu_model="L4", gpu_memory="24GiB",
@@ -209,7 +235,35 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     {}
     >>> decide(wait, first.tags, l4, 1, (1, 1), now=1796058073 + 601).fail.split(";")[0]
     "Gave up waiting for GPU capacity of class 'l4' after 601s (max_wait 600s)"
+    >>> decide(wait, {}, l4, 1, None, now=1796058073, steps=["a.shard-shard_1"]).event.message[:40]
+    'Step a.shard-shard_1: Waiting for GPU ca'
     """
+    decision = _decide(verdict, previous, gpu_class, gpu_count, position, now, queue, ahead)
+    if steps and decision.event is not None and verdict.state is CapacityState.WAITING:
+        names = ", ".join(steps)
+        decision = replace(decision, event=replace(decision.event, message=f"Step {names}: {decision.event.message}",
+                                                   metadata={**decision.event.metadata, "Waiting steps": names}))
+    if kueue_state is not None and previous.get(KUEUE_TAG) != kueue_state:
+        decision = replace(decision, tags={**decision.tags, KUEUE_TAG: kueue_state})
+    return decision
+
+
+def decide_admitted(previous: Mapping[str, str], workload: kueue.WorkloadStatus) -> Decision | None:
+    """What to record when a run's Workload is no longer waiting in Kueue: its state tag, and once
+    Kueue admitted a run it had kept waiting, an event saying so (its pod's own story follows).
+    None when nothing changed."""
+    before = previous.get(KUEUE_TAG)
+    if before == workload.state:
+        return None
+    event = None
+    if workload.state == KueueState.ADMITTED and before is not None:
+        event = Event(f"Admitted by Kueue to ClusterQueue {workload.cluster_queue}: {workload.describe()}",
+                      {"ClusterQueue": workload.cluster_queue or "", "Kueue": workload.describe()})
+    return Decision(tags={KUEUE_TAG: workload.state}, event=event)
+
+
+def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
+            position: tuple[int, int] | None, now: float, queue: str, ahead: Sequence[str]) -> Decision:
     previous_state = previous.get(CAPACITY_TAG)
     request = f"{gpu_count} x {gpu_class.resource_name}"
     if verdict.state is CapacityState.WAITING:

@@ -28,8 +28,8 @@ from ..classes import cached_gpu_classes
 from ..dagster_private import (MultiprocessExecutor, RetryMode, get_retries_config, get_tag_concurrency_limits_config,
                                multiple_process_executor_requirements, process_config)
 from ..errors import GpufnError
-from ..tags import PLACEMENT_TAG
-from .run_plan import STEP_PODS_FIELD, RunKind
+from ..tags import PLACEMENT_TAG, RunKind
+from .run_plan import STEP_PODS_FIELD
 
 
 def placed_per_step(run_tags: Mapping[str, str]) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..classes import GpuClass
 from ..k8s_syntax import parse_quantity
-from ..tags import DAGSTER_PRIORITY_TAG
+from ..tags import DAGSTER_PRIORITY_TAG, KUEUE_WAITING, KueueState
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -156,12 +156,12 @@ class WorkloadStatus:
 
     @property
     def waiting(self) -> bool:
-        return self.state in ("pending", "quota-reserved", "evicted", "preempted")
+        return self.state in KUEUE_WAITING
 
     def describe(self) -> str:
         """Kueue's words for the event: the condition, its reason, its message verbatim."""
-        condition = {"pending": "QuotaReserved=False", "quota-reserved": "QuotaReserved", "admitted": "Admitted",
-                     "finished": "Finished"}.get(self.state, "Evicted")
+        condition = {KueueState.PENDING: "QuotaReserved=False", KueueState.QUOTA_RESERVED: "QuotaReserved",
+                     KueueState.ADMITTED: "Admitted", KueueState.FINISHED: "Finished"}.get(self.state, "Evicted")
         return f"{condition} ({self.reason}): {self.message}" if self.message else f"{condition} ({self.reason})"
 
 
@@ -194,24 +194,24 @@ def workload_status(workload: Mapping[str, Any], cluster_queues: Mapping[str, st
     job = next((o.get("name") for o in metadata.get("ownerReferences") or [] if o.get("kind") == "Job"), None)
     admission = status.get("admission") or {}
     queue = admission.get("clusterQueue") or cluster_queues.get(f"{metadata.get('namespace')}/{spec.get('queueName')}")
-    state, reason, message = "pending", "Pending", ""
+    state, reason, message = KueueState.PENDING, "Pending", ""
     finished, admitted = _condition(workload, "Finished"), _condition(workload, "Admitted")
     reserved, evicted = _condition(workload, "QuotaReserved"), _condition(workload, "Evicted")
     if _true(finished):
-        state, reason, message = "finished", finished.get("reason", ""), finished.get("message", "")
+        state, reason, message = KueueState.FINISHED, finished.get("reason", ""), finished.get("message", "")
     elif _true(admitted):
-        state, reason, message = "admitted", admitted.get("reason", ""), admitted.get("message", "")
+        state, reason, message = KueueState.ADMITTED, admitted.get("reason", ""), admitted.get("message", "")
     elif _true(evicted):
         reason, message = evicted.get("reason", ""), evicted.get("message", "")
-        state = "preempted" if reason == "Preempted" else "evicted"
+        state = KueueState.PREEMPTED if reason == "Preempted" else KueueState.EVICTED
         if reserved is not None and not _true(reserved) and reserved.get("message"):
             message = f"{message}; now {reserved.get('reason')}: {reserved.get('message')}"
     elif reserved is not None:
-        state = "quota-reserved" if _true(reserved) else "pending"  # reserved: admission checks still run
+        state = KueueState.QUOTA_RESERVED if _true(reserved) else KueueState.PENDING  # reserved: admission checks still run
         reason, message = reserved.get("reason", ""), reserved.get("message", "")
     return WorkloadStatus(name=metadata.get("name", ""), job=job, cluster_queue=queue,
                           priority=int(spec.get("priority") or 0), created=metadata.get("creationTimestamp") or "",
-                          state=state, reason=reason, message=message)
+                          state=state.value, reason=reason, message=message)
 
 
 def queue_positions(statuses: Iterable[WorkloadStatus]) -> dict[str, tuple[int, int]]:

@@ -41,11 +41,11 @@ from dagster_k8s.container_context import K8sContainerContext
 from ..classes import ClassesDir, resolve_classes_dir
 from ..dagster_private import EngineEventData, LaunchRunContext
 from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
-from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, run_gpu_tags
+from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, RunKind, run_gpu_tags
 from .k8s_api import API_ERRORS, api_error
 from .k8s_pods import placed_context
 from .placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
-from .run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunKind, RunPlan, plan_run
+from .run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunPlan, plan_run
 
 class GpuK8sRunLauncher(K8sRunLauncher):
     """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits.

@@ -35,12 +35,12 @@ from ..dagster_private import EngineEventData
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, gpu_pool, pool_class, time_tag, waiting_since)
+                    CapacityReason, CapacityState, RunKind, gpu_pool, pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
 from .estimate import waited_tag
 from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
-from .run_plan import CLASSES_DIR_CONFIG, RunKind, class_placements, release_ended_runs
+from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 
 
 # A run held because the class files do not load never leaves the queue while that lasts.

@@ -21,7 +21,7 @@ from dagster import DagsterRun
 from ..classes import ClassesDir, cached_gpu_classes
 from ..errors import PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG,
-                    WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, waiting_since)
+                    WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, RunKind, waiting_since)
 from .kueue import run_priority
 from .placement import PodPlacement, Placement, gpu_requests, request_key, resolve_placement, step_request
 
@@ -76,16 +76,6 @@ def _job_step_pods(instance: DagsterInstance, job_snapshot_id: str) -> StepPods:
     if "per_step_k8s_config" in names:
         return StepPods.ALWAYS
     return StepPods.WHEN_CLASSES_MIX if STEP_PODS_FIELD in names else StepPods.NEVER
-
-
-class RunKind(enum.Enum):
-    """How a run meets GPUs: not at all, on its run worker, in its steps' own pods, or (embedded
-    mode) each GPU step on a local slot of its class."""
-
-    CPU = "cpu"
-    GPU = "gpu"
-    PER_STEP = "per-step"
-    LOCAL = "local"
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..classes import GpuClass
-from ..tags import PLACEMENT_TAG
-from .run_plan import RunKind
+from ..tags import PLACEMENT_TAG, RunKind
 
 
 @contextmanager

@@ -3,8 +3,10 @@
 Nothing in Dagster calls the launcher while a run is STARTING, so a tick (run by the
 `gpu_capacity` sensor in the daemon, or by `gpufn capacity --watch`) does it: one list of GPU run
 pods (label selector), one of their events, one of nodes and one of Jobs cover every GPU run,
-whatever their number. For each STARTING GPU run it turns the pod's status into a verdict
-(`capacity.pod_verdict`), asks `capacity.decide` what to record, and applies that here:
+whatever their number. A tick observes (those lists, read before it touches any run), lines the
+runs up (each run's verdict from its pod's status, `capacity.pod_verdict`, or its Workload's, and
+the lines per class and ClusterQueue), judges (`capacity.decide`, for every case) and applies the
+decisions as they come -- it decides nothing itself:
 
 - waiting: tag `gpufn/capacity=waiting` (+ `.dagster/gpufn/waiting-since`), an event with the class, the
   request, since when, the scheduler's message verbatim and as a histogram, the run's position
@@ -28,8 +30,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -39,15 +41,16 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from ..classes import ClassesDir, GpuClass, cached_gpu_classes
 from ..dagster_private import EngineEventData
 from ..errors import GpuClassError
-from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, KUEUE_TAG, PLACEMENT_TAG, RUN_GPU_COUNT_TAG, CapacityReason,
-                    CapacityState, waiting_since)
+from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, PLACEMENT_TAG, RUN_GPU_COUNT_TAG, CapacityState, KueueState,
+                    RunKind, waiting_since)
 from . import kueue
-from .capacity import Decision, Event, Verdict, class_gpus, class_nodes, decide, decide_without_pod, pod_verdict, queue_positions
+from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
+                       pod_verdict, queue_positions)
 from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
-from .run_plan import RunKind, release_ended_runs
+from .run_plan import release_ended_runs
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
@@ -116,6 +119,33 @@ def _job_failure(job: Any) -> str | None:
     return f"{failed.reason}: {failed.message}" if failed is not None else None
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What one tick read, before it touched a run."""
+
+    pods: list[Any]
+    jobs: list[Any]
+    starting: list[Any]  # GPU runs placed on their run worker, still STARTING
+    per_step: list[Any]  # runs placed per step, STARTING or STARTED
+    events: Mapping[str, list[Any]]  # scheduling events by pod name
+    nodes: list[Any]
+    workloads: Mapping[tuple[str, str], kueue.WorkloadStatus]
+
+
+@dataclass
+class _Lines:
+    """Where each starting run stands, and the lines the waiting ones form."""
+
+    kueue_positions: Mapping[str, tuple[int, int]]
+    verdicts: dict[str, tuple[Any, GpuClass, int, Verdict, tuple[str, str] | None]] = field(default_factory=dict)
+    queued: dict[str, tuple[Any, GpuClass, kueue.WorkloadStatus, Any]] = field(default_factory=dict)
+    admitted: list[tuple[Any, kueue.WorkloadStatus]] = field(default_factory=list)
+    podless: list[tuple[Any, Any]] = field(default_factory=list)
+    positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    classes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # run ids in line per class
+    cluster_queues: dict[str | None, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+
 class CapacityWatcher:
     """One object per daemon; `tick()` is cheap to call every few seconds."""
 
@@ -160,104 +190,122 @@ class CapacityWatcher:
 
     def _tick(self, now: float) -> TickReport:
         report = TickReport()
+        seen = self._observe()
+        report.runs_checked = len(seen.starting) + len(seen.per_step)
+        lines = self._lines(seen, now)
+        for run, decision, job, gpu_class in self._judge(seen, lines, now):
+            if gpu_class is not None:
+                report.count(gpu_class, decision)
+            self._apply(run, decision, job, report)
+        self._estimate(lines, seen.nodes, report, now)
+        self._delete_orphans(seen.jobs, report)
+        release_ended_runs(self.instance)
+        return report
+
+    def _observe(self) -> _Seen:
+        """Every list the tick reads, before it touches a run: GPU pods and Jobs (by label), the GPU
+        runs starting (and those placed per step), the scheduler's events, nodes and Kueue's Workloads."""
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._jobs(label_selector=CLASS_LABEL)
-        pods_by_run = {_run_id(p): p for p in pods if _run_id(p) and not _step_of(p)}
-        jobs_by_run = {_run_id(j): j for j in jobs if _run_id(j)}
         starting = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING],
                                                      tags={PLACEMENT_TAG: RunKind.GPU.value}))
         per_step = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
                                                      tags={PLACEMENT_TAG: RunKind.PER_STEP.value}))
-        report.runs_checked = len(starting) + len(per_step)
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
         nodes = self._call(self.core.list_node).items if starting or per_step else []
-
         workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
-        kueue_positions = kueue.queue_positions(workloads.values())
-        verdicts, queued = {}, {}
-        for run in starting:
+        return _Seen(pods, jobs, starting, per_step, events, nodes, workloads)
+
+    def _lines(self, seen: _Seen, now: float) -> _Lines:
+        """Each starting run's standing: its pod's verdict, or its Workload waiting in Kueue, or
+        neither; and the lines they form -- per class (the longest-waiting first) and per ClusterQueue."""
+        lines = _Lines(kueue_positions=kueue.queue_positions(seen.workloads.values()))
+        pods_by_run = {_run_id(p): p for p in seen.pods if _run_id(p) and not _step_of(p)}
+        jobs_by_run = {_run_id(j): j for j in seen.jobs if _run_id(j)}
+        for run in seen.starting:
             gpu_class = self.classes.get(run.tags.get(GPU_CLASS_TAG, ""))
             if gpu_class is None:
                 continue
             job, pod = jobs_by_run.get(run.run_id), pods_by_run.get(run.run_id)
-            workload = workloads.get((job.metadata.namespace, _name(job))) if job is not None else None
+            workload = seen.workloads.get((job.metadata.namespace, _name(job))) if job is not None else None
             if workload is not None and workload.waiting:
-                queued[run.run_id] = (run, gpu_class, workload, job)
+                lines.queued[run.run_id] = (run, gpu_class, workload, job)
                 continue
             if workload is not None:
-                self._admitted(run, workload, report)
+                lines.admitted.append((run, workload))
             if pod is None:
-                if workload is None or workload.state != "admitted":
-                    self._without_pod(run, job, report)
+                if workload is None or workload.state != KueueState.ADMITTED:
+                    lines.podless.append((run, job))
                 continue
             count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
-            verdict = pod_verdict(pod, events.get(_name(pod), []), gpu_class, count, class_nodes(gpu_class, nodes))
-            verdicts[run.run_id] = (run, gpu_class, count, verdict)
-
-        positions = queue_positions({
+            verdict = pod_verdict(pod, seen.events.get(_name(pod), []), gpu_class, count,
+                                  class_nodes(gpu_class, seen.nodes))
+            lines.verdicts[run.run_id] = (run, gpu_class, count, verdict, _job_of(pod))
+        lines.positions = queue_positions({
             run_id: (gpu_class.name, waiting_since(run.tags, now))
-            for run_id, (run, gpu_class, _, verdict) in verdicts.items() if verdict.state is CapacityState.WAITING})
-        class_lines: dict[str, list[str]] = defaultdict(list)  # run ids waiting on each class, first in line first
-        for run_id in sorted(positions, key=lambda r: positions[r][0]):
-            class_lines[verdicts[run_id][1].name].append(run_id)
-        for run_id, (run, gpu_class, count, verdict) in verdicts.items():
-            place = positions.get(run_id)
-            ahead = class_lines[gpu_class.name][:place[0] - 1] if place else []
-            decision = decide(verdict, run.tags, gpu_class, count, place, now, ahead=ahead)
-            report.count(gpu_class.name, decision)
-            self._apply(run, decision, _job_of(pods_by_run[run_id]), report)
+            for run_id, (run, gpu_class, _, verdict, _) in lines.verdicts.items()
+            if verdict.state is CapacityState.WAITING})
+        for run_id in sorted(lines.positions, key=lambda r: lines.positions[r][0]):
+            lines.classes[lines.verdicts[run_id][1].name].append(run_id)
         # Each ClusterQueue's line as runs (a Job's run from its label; a Job not ours by its name).
-        run_of_job = {(j.metadata.namespace, _name(j)): _run_id(j) for j in jobs}
-        queue_lines: dict[str | None, list[str]] = defaultdict(list)
-        for key, workload in sorted(((k, w) for k, w in workloads.items() if w.name in kueue_positions),
-                                    key=lambda item: kueue_positions[item[1].name][0]):
-            queue_lines[workload.cluster_queue].append(run_of_job.get(key) or workload.job)
-        for run, gpu_class, workload, job in queued.values():
-            place = kueue_positions.get(workload.name)
-            ahead = list(dict.fromkeys(queue_lines[workload.cluster_queue][:place[0] - 1])) if place else []
-            decision = decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(RUN_GPU_COUNT_TAG, "1")),
-                              place, now, queue=f"in ClusterQueue {workload.cluster_queue}", ahead=ahead)
-            decision = replace(decision, tags={**decision.tags, KUEUE_TAG: workload.state}
-                               if run.tags.get(KUEUE_TAG) != workload.state else decision.tags)
-            report.count(gpu_class.name, decision)
-            self._apply(run, decision, (_name(job), job.metadata.namespace), report)
-        self._estimate(verdicts, positions, queued, kueue_positions, nodes, report, now)
+        run_of_job = {(j.metadata.namespace, _name(j)): _run_id(j) for j in seen.jobs}
+        for key, workload in sorted(((k, w) for k, w in seen.workloads.items() if w.name in lines.kueue_positions),
+                                    key=lambda item: lines.kueue_positions[item[1].name][0]):
+            lines.cluster_queues[workload.cluster_queue].append(run_of_job.get(key) or workload.job)
+        return lines
 
-        self._step_pods(per_step, [p for p in pods if _step_of(p)], [j for j in jobs if _step_of(j)], workloads,
-                        events, nodes, report, now)
-        self._delete_orphans(jobs, report)
-        release_ended_runs(self.instance)
-        return report
+    def _judge(self, seen: _Seen, lines: _Lines, now: float) -> Iterator[tuple[Any, Decision, tuple[str, str] | None,
+                                                                               str | None]]:
+        """(run, its decision, its Job as (name, namespace), the class it counts on) for every run
+        the tick has something to say about; `capacity` makes every decision."""
+        for run, workload in lines.admitted:
+            decision = decide_admitted(run.tags, workload)
+            if decision is not None:
+                yield run, decision, None, None
+        for run, job in lines.podless:
+            if job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}"):
+                continue  # listed before this run's Job existed: nothing is lost
+            yield run, decide_without_pod(run.tags, _name(job) if job is not None else None,
+                                          _job_failure(job) if job is not None else None), \
+                (_name(job), job.metadata.namespace) if job is not None else None, None
+        for run_id, (run, gpu_class, count, verdict, job) in lines.verdicts.items():
+            place = lines.positions.get(run_id)
+            ahead = lines.classes[gpu_class.name][:place[0] - 1] if place else []
+            yield run, decide(verdict, run.tags, gpu_class, count, place, now, ahead=ahead), job, gpu_class.name
+        for run, gpu_class, workload, job in lines.queued.values():
+            place = lines.kueue_positions.get(workload.name)
+            ahead = list(dict.fromkeys(lines.cluster_queues[workload.cluster_queue][:place[0] - 1])) if place else []
+            yield run, decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(RUN_GPU_COUNT_TAG, "1")),
+                              place, now, queue=f"in ClusterQueue {workload.cluster_queue}", ahead=ahead,
+                              kueue_state=workload.state), (_name(job), job.metadata.namespace), gpu_class.name
+        yield from self._step_pods(seen, now)
 
-    def _estimate(self, verdicts: Mapping[str, Any], positions: Mapping[str, tuple[int, int]],
-                  queued: Mapping[str, Any], kueue_positions: Mapping[str, tuple[int, int]], nodes: list[Any],
-                  report: TickReport, now: float) -> None:
+    def _estimate(self, lines: _Lines, nodes: list[Any], report: TickReport, now: float) -> None:
         """A wait estimate on every waiting run, from its line on the class and the class's GPUs (nodes x GPUs)."""
-        lines: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-        for run_id, (run, gpu_class, _, verdict) in verdicts.items():
-            if verdict.state is CapacityState.WAITING and run_id in positions:
-                lines[gpu_class.name].append((positions[run_id][0], run))
-        for run, gpu_class, workload, _ in queued.values():
-            lines[gpu_class.name].append((kueue_positions.get(workload.name, (10**9, 0))[0], run))
-        if not lines:
+        waiting: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+        for run_id, (run, gpu_class, _, verdict, _) in lines.verdicts.items():
+            if verdict.state is CapacityState.WAITING and run_id in lines.positions:
+                waiting[gpu_class.name].append((lines.positions[run_id][0], run))
+        for run, gpu_class, workload, _ in lines.queued.values():
+            waiting[gpu_class.name].append((lines.kueue_positions.get(workload.name, (10**9, 0))[0], run))
+        if not waiting:
             return
-        capacities = {name: class_gpus(self.classes[name], nodes) for name in lines}
-        ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in lines.items()}
+        capacities = {name: class_gpus(self.classes[name], nodes) for name in waiting}
+        ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
 
-    def _step_pods(self, runs: list[Any], pods: list[Any], step_jobs: list[Any],
-                   workloads: Mapping[tuple[str, str], kueue.WorkloadStatus], events: dict[str, list[Any]],
-                   nodes: list[Any], report: TickReport, now: float) -> None:
+    def _step_pods(self, seen: _Seen, now: float) -> Iterator[tuple[Any, Decision, tuple[str, str] | None, str]]:
         """Runs placed per step: their GPU step pods (a fanned-out refresh's shards, the steps of a run
-        mixing classes) -- and in Kueue mode their step Jobs Kueue keeps suspended -- are reported like
+        mixing classes) -- and in Kueue mode their step Jobs Kueue keeps suspended -- are judged like
         a run's pod: tag and event on the run, naming the steps that wait; when several wait, the
         run's tag and event follow the first of them."""
+        step_jobs = [j for j in seen.jobs if _step_of(j)]
         by_run: dict[str, list[Any]] = defaultdict(list)
-        for obj in [*pods, *step_jobs]:
+        for obj in [*(p for p in seen.pods if _step_of(p)), *step_jobs]:
             by_run[_run_id(obj) or ""].append(obj)
         job_ids = {id(job) for job in step_jobs}
-        for run in runs:
+        for run in seen.per_step:
             judged = []  # (step, job as (name, namespace), class, GPU count, verdict)
             for obj in by_run.get(run.run_id, []):
                 labels = obj.metadata.labels or {}
@@ -266,25 +314,20 @@ class CapacityWatcher:
                     continue
                 count = int(labels.get(COUNT_LABEL, "1"))
                 if id(obj) in job_ids:
-                    workload = workloads.get((obj.metadata.namespace, _name(obj)))
+                    workload = seen.workloads.get((obj.metadata.namespace, _name(obj)))
                     if workload is not None and workload.waiting:
                         judged.append((_step_of(obj), (_name(obj), obj.metadata.namespace), gpu_class, count,
                                        kueue_verdict(workload)))
                     continue
-                verdict = pod_verdict(obj, events.get(_name(obj), []), gpu_class, count, class_nodes(gpu_class, nodes))
+                verdict = pod_verdict(obj, seen.events.get(_name(obj), []), gpu_class, count,
+                                      class_nodes(gpu_class, seen.nodes))
                 judged.append((_step_of(obj), _job_of(obj), gpu_class, count, verdict))
             if not judged:
                 continue
             waiting = [j for j in judged if j[4].state is CapacityState.WAITING]
             _, job, gpu_class, count, verdict = (waiting or judged)[0]
-            decision = decide(verdict, run.tags, gpu_class, count, None, now)
-            if decision.event is not None and verdict.state is CapacityState.WAITING:
-                steps = ", ".join(w[0] or "?" for w in waiting)
-                decision = replace(decision, event=replace(
-                    decision.event, message=f"Step {steps}: {decision.event.message}",
-                    metadata={**decision.event.metadata, "Waiting steps": steps}))
-            report.count(gpu_class.name, decision)
-            self._apply(run, decision, job, report)
+            yield run, decide(verdict, run.tags, gpu_class, count, None, now,
+                              steps=[w[0] or "?" for w in waiting]), job, gpu_class.name
 
     def _workloads(self) -> dict[tuple[str, str], kueue.WorkloadStatus]:
         """Kueue's Workloads by (namespace, Job name): two list calls per tick, whatever the number of runs."""
@@ -309,17 +352,6 @@ class CapacityWatcher:
                 statuses[(workload["metadata"]["namespace"], status.job)] = status
         return statuses
 
-    def _admitted(self, run: Any, workload: kueue.WorkloadStatus, report: TickReport) -> None:
-        """Say once that Kueue admitted a run it had kept waiting (its pod's own story follows)."""
-        previous = run.tags.get(KUEUE_TAG)
-        if previous == workload.state:
-            return
-        event = None
-        if workload.state == "admitted" and previous is not None:
-            event = Event(f"Admitted by Kueue to ClusterQueue {workload.cluster_queue}: {workload.describe()}",
-                          {"ClusterQueue": workload.cluster_queue or "", "Kueue": workload.describe()})
-        self._apply(run, Decision(tags={KUEUE_TAG: workload.state}, event=event), None, report)
-
     def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
         """The scheduler's and autoscalers' events about pods that are not bound yet, by pod name."""
         events: dict[str, list[Any]] = defaultdict(list)
@@ -330,14 +362,6 @@ class CapacityWatcher:
             if event.involved_object.name in waiting_pods and event.reason in _EVENT_REASONS:
                 events[event.involved_object.name].append(event)
         return events
-
-    def _without_pod(self, run: Any, job: Any, report: TickReport) -> None:
-        """A STARTING GPU run with no pod: its Job is making a new one, has failed, or is gone."""
-        if job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}"):
-            return  # listed before this run's Job existed: nothing is lost
-        decision = decide_without_pod(run.tags, _name(job) if job is not None else None,
-                                      _job_failure(job) if job is not None else None)
-        self._apply(run, decision, (_name(job), job.metadata.namespace) if job is not None else None, report)
 
     def _apply(self, run: Any, decision: Decision, job: tuple[str, str] | None, report: TickReport) -> None:
         """Carry out a decision: tags, then the event, then (when it fails the run) the Job and the failure."""
@@ -378,25 +402,6 @@ class CapacityWatcher:
                 self.instance.report_engine_event(
                     f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
                     "waiting or running", run, cls=self.__class__)
-
-
-def kueue_verdict(workload: kueue.WorkloadStatus) -> Verdict:
-    """A waiting Workload as a capacity verdict: Kueue's words verbatim, and whether it was preempted.
-
-    A request larger than the ClusterQueue's maximum capacity (its quota plus all it may borrow)
-    can never be admitted: that never fits, as a class whose nodes can never hold it.
-    """
-    if workload.state == "pending" and (workload.reason == kueue.EXCEEDS_MAX_QUOTA
-                                        or kueue.exceeds_maximum_capacity(workload.message)):
-        return Verdict(CapacityState.NEVER_FITS, CapacityReason.NEVER_FITS.value,
-                       f"ClusterQueue {workload.cluster_queue} can never admit it; Kueue says: {workload.describe()}",
-                       source="Kueue")
-    reason = {"preempted": CapacityReason.KUEUE_PREEMPTED, "evicted": CapacityReason.KUEUE_EVICTED}.get(
-        workload.state, CapacityReason.KUEUE_PENDING)
-    source = {"preempted": "Kueue preempted it (it waits to be admitted again; its code did not fail)",
-              "evicted": "Kueue evicted it (it waits to be admitted again; its code did not fail)"}.get(
-        workload.state, "Kueue")
-    return Verdict(CapacityState.WAITING, reason.value, workload.describe(), source=source)
 
 
 def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,

@@ -59,7 +59,8 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
 
     from gpufn_dagster.run.k8s_pods import placed_context
     from gpufn_dagster.run.placement import step_gpu_request
-    from gpufn_dagster.run.run_plan import RunKind, plan_run
+    from gpufn_dagster.run.run_plan import plan_run
+    from gpufn_dagster.tags import RunKind
 
     # The shipped l4 class asks 4 CPUs and 16Gi per worker; this machine's node has 2 CPUs.
     l4 = classes_dir / "l4.yaml"

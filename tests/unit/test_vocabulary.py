@@ -71,6 +71,29 @@ def test_every_capacity_state_and_reason_a_tag_takes_is_in_the_readme():
     assert all(r.value[0].isupper() and r.value.isalnum() for r in CapacityReason)
 
 
+def test_kueue_states_and_placement_kinds_are_closed_words_the_readme_lists():
+    from gpufn_dagster.tags import PLACEMENT_REJECTED, KueueState, RunKind
+
+    missing = [w for w in [*(k.value for k in KueueState), *(k.value for k in RunKind), PLACEMENT_REJECTED]
+               if f"`{w}`" not in README]
+    assert missing == [], f"README does not list {missing}"
+
+
+def test_every_verdict_and_decision_takes_its_words_from_the_vocabulary():
+    """A verdict's reason and a Kueue state are written as tags: no module spells one as a literal."""
+    literals = []
+    kueue_words = {"pending", "quota-reserved", "admitted", "preempted", "evicted", "finished"}
+    for path in (PACKAGE / "run").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Verdict" and len(node.args) > 1 \
+                    and isinstance(node.args[1], ast.Constant):
+                literals.append(f"{path.name}:{node.lineno} Verdict reason {node.args[1].value!r}")
+            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value in kueue_words
+                                                     for c in node.comparators):
+                literals.append(f"{path.name}:{node.lineno} compares with a Kueue state literal")
+    assert literals == []
+
+
 def test_function_ops_carry_the_gpu_request_and_no_pod_placement():
     """The pod's placement is decided when a run launches, so no op tag may freeze it at load."""
     import dagster as dg
