@@ -4,6 +4,7 @@ frees, and max_wait / never-fits / ended runs leave no Job behind."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -17,8 +18,7 @@ from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
-from .test_k8s_cluster import a100, gpu_pod
-from .test_launcher import fanned_out_run, launcher_config, materialize, shard_step_pods
+from ..helpers import a100, fanned_out_run, gpu_pod, launcher_config, materialize, shard_step_pods
 
 pytestmark = pytest.mark.k8s
 
@@ -232,8 +232,14 @@ def test_terminating_a_waiting_gpu_run_cancels_it_at_once(cluster, core, namespa
 
 def test_a_pod_its_job_is_replacing_is_reported_not_failed(cluster, core, namespace, instance, watcher,
                                                            full_a100_pool):
-    run_id = materialize(instance, "frames__emb_a100")
+    # dagster-k8s gives a run's Job backoff_limit 0, so a lost pod fails its Job at once (reported as
+    # `lost`); a Job allowed retries makes a replacement instead, which is what this test is about.
+    run_id = materialize(instance, "frames__emb_a100",
+                         tags={"dagster-k8s/config": json.dumps({"job_spec_config": {"backoff_limit": 2}})})
     wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    (job,) = kubernetes.client.BatchV1Api(cluster.api_client()).list_namespaced_job(
+        namespace, label_selector=f"dagster/run-id={run_id}").items
+    assert job.spec.backoff_limit == 2
     watcher.tick()
     # A quota that admits no further pod holds the Job's replacement back, so the tick sees the Job
     # alive with no pod (as right after a spot node is lost), deterministically.

@@ -122,7 +122,7 @@ def test_fuzzed_classes_that_load_are_accepted_by_kubernetes(core, namespace, tm
     server, loaded but refused by it (must be none), hangs (none: each load is bounded)."""
     import random
 
-    from ..unit.test_classes_hostile import SEED, field_cases, outcome, place, whole_file_cases
+    from ..helpers import SEED, field_cases, outcome, place, whole_file_cases
 
     cases = {f"field case {i}": text for i, text in enumerate(field_cases(random.Random(SEED)))} | whole_file_cases()
     errors = accepted = refused = 0

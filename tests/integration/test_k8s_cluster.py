@@ -7,29 +7,12 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from gpufn_dagster.classes import GpuClass, load_gpu_classes
+from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, CPU_NODES, NODES_PER_CLASS, wait_for
+from ..helpers import a100, gpu_pod
 
 pytestmark = pytest.mark.k8s
-
-
-def a100() -> GpuClass:
-    return load_gpu_classes(CLASSES)["a100-80gb"]
-
-
-def gpu_pod(name: str, gpu_class: GpuClass, gpus: int, outcome: str = "hold") -> dict:
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"gpufn.dev/fake-outcome": outcome}},
-        "spec": {
-            "nodeSelector": dict(gpu_class.node_selector),
-            "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
-            "restartPolicy": "Never",
-            "containers": [{"name": "worker", "image": "gpufn/worker:test",
-                            "resources": {"limits": {gpu_class.resource_name: str(gpus)}}}],
-        },
-    }
 
 
 def node_of(core, namespace: str, name: str) -> str | None:

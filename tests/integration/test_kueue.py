@@ -22,7 +22,7 @@ from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
 
 from ..conftest import REPO, wait_for
-from .test_launcher import fanned_out_run, launcher_config, materialize, shard_step_pods
+from ..helpers import fanned_out_run, launcher_config, materialize, shard_step_pods
 
 pytestmark = pytest.mark.k8s
 KUEUE = {"local_queue": "gpu-l4", "priority_classes": {10: "gpufn-high", 0: "gpufn-normal", -10: "gpufn-low"}}

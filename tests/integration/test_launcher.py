@@ -7,78 +7,26 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import kubernetes
 import pytest
 import yaml
 from dagster import DagsterInstance
-from dagster._core.test_utils import in_process_test_workspace, instance_for_test
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
-from dagster_graphql.test.utils import execute_dagster_graphql
+from dagster._core.test_utils import instance_for_test
 
 from gpufn_dagster.errors import PlacementError
 
 from ..conftest import launcher_at, wait_for
+from ..helpers import create_step_job, fanned_out_run, job_pod, launcher_config, materialize, shard_step_pods, step_handler
 
 pytestmark = pytest.mark.k8s
-DEFS = Path(__file__).with_name("k8s_defs.py")
-
-
-def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK8sRunLauncher") -> dict:
-    return {
-        "module": "gpufn_dagster" if cls == "GpuK8sRunLauncher" else "dagster_k8s",
-        "class": cls,
-        "config": {
-            "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": namespace,
-            "load_incluster_config": False,
-            "kubeconfig_file": str(cluster.kubeconfig), "job_image": "gpufn/worker:test",
-            "labels": {"gpufn.dev/fake-outcome": "hold"},
-            # Tables on object storage: the store's settings reach every run and step pod from a Secret.
-            "env_secrets": ["gpufn-object-store"],
-            **({"classes_dir": str(classes_dir)} if cls == "GpuK8sRunLauncher" else {}),
-        },
-    }
-
-
 @pytest.fixture
 def instance(cluster, namespace, classes_dir) -> Iterator[DagsterInstance]:
     overrides = {"run_launcher": launcher_config(cluster, namespace, classes_dir),
                  "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
     with instance_for_test(overrides=overrides) as instance:
         yield instance
-
-
-def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
-                job: str = "__ASSET_JOB", run_config: dict | None = None) -> str:
-    """Launch a run the way the UI's Materialize button does; returns the run id."""
-    origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
-    with in_process_test_workspace(instance, origin) as context:
-        (location,) = context.code_location_names
-        result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
-            "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
-                         "pipelineName": job, "assetSelection": [{"path": [a]} for a in assets]},
-            "mode": "default",
-            **({"runConfigData": run_config} if run_config else {}),
-            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
-        }})
-    launched = result.data["launchPipelineExecution"]
-    if launched["__typename"] == "LaunchRunSuccess":
-        return launched["run"]["runId"]
-    assert launched["__typename"] == "PythonError", launched
-    runs = instance.get_runs(limit=1)
-    return runs[0].run_id
-
-
-def job_pod(cluster, namespace: str, run_id: str):
-    core = kubernetes.client.CoreV1Api(cluster.api_client())
-    pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
-                    what="run worker pod")
-    name = pods[0].metadata.name
-    node = wait_for(lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what="pod scheduled")
-    return core.read_namespaced_pod(name, namespace), core.read_node(node)
 
 
 def jobs(cluster, namespace: str) -> list:
@@ -291,45 +239,6 @@ def test_a_job_on_k8s_job_executor_with_gpu_steps_is_refused_saying_to_use_gpufn
     assert jobs(cluster, namespace) == []
 
 
-def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict | None = None):
-    """The step handler gpufn's executor builds in the run worker (`step_pods_executor`, its config
-    as a run config's `gpu_step_pods` gives it), with the environment the launcher gave the run worker pod."""
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
-    from dagster._core.executor.init import InitExecutorContext
-
-    from gpufn_dagster.run.executor import gpu_classes_executor, step_pods_executor
-    from gpufn_dagster.run.k8s_pods import GpuStepHandler
-
-    pod, _node = job_pod(cluster, namespace, run.run_id)
-    environment = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
-    job = ReconstructableRepository.for_file(str(DEFS), "defs").get_reconstructable_job(run.job_name)
-    config = {"retries": {"enabled": {}},
-              "gpu_step_pods": {"job_image": "gpufn/worker:test", "step_k8s_config": step_k8s_config or {}}}
-    pods = step_pods_executor(InitExecutorContext(job=job, executor_def=gpu_classes_executor, executor_config=config,
-                                                  instance=instance), environment)
-    assert isinstance(pods._step_handler, GpuStepHandler)
-    return pods._step_handler
-
-
-def create_step_job(cluster, namespace: str, instance, run, handler, key: str, tags, job_name: str) -> None:
-    """The step's Job as the handler's launch_step builds it (KWOK runs no run worker to launch it)."""
-    from types import SimpleNamespace
-
-    from dagster_k8s.job import construct_dagster_k8s_job
-
-    context = SimpleNamespace(
-        dagster_run=run, instance=instance, step_tags={key: tags},
-        execute_step_args=SimpleNamespace(step_keys_to_execute=[key]),
-        get_step_context=lambda k: SimpleNamespace(step=SimpleNamespace(op_name=k)))
-    container_context = handler._get_container_context(context)
-    kubernetes.client.BatchV1Api(cluster.api_client()).create_namespaced_job(namespace, construct_dagster_k8s_job(
-        job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
-                                                        run_launcher=instance.run_launcher),
-        args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
-        user_defined_k8s_config=container_context.run_k8s_config,
-        labels={"dagster/run-id": run.run_id, "dagster/op": key, "step": job_name}))
-
-
 def step_pod(cluster, namespace: str, job_name: str):
     """The pod of a step's Job, once scheduled, and its node."""
     core = kubernetes.client.CoreV1Api(cluster.api_client())
@@ -358,38 +267,6 @@ def test_each_gpu_step_pod_of_a_run_placed_per_step_lands_on_its_own_class(clust
     decided = {k: v.value for k, v in said.event_specific_data.metadata.items() if k.startswith("Step pods")}
     assert decided == {"Step pods a100-80gb x2": "2 x nvidia.com/gpu on GPU class 'a100-80gb'",
                        "Step pods l4 x1": "1 x nvidia.com/gpu on GPU class 'l4'"}, decided
-
-
-def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True,
-                    step_k8s_config: dict | None = None) -> list[str]:
-    """Create the shard steps' Jobs as gpufn's step handler makes them, with the placement the launcher
-    decided at launch (KWOK runs no step worker to launch them); returns their pods' names (with
-    `pods=False`, the Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
-    handler = step_handler(cluster, namespace, instance, run, step_k8s_config)
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    (shard_step,) = [step for step in plan.steps if "_shard" in step.key]
-    core = kubernetes.client.CoreV1Api(cluster.api_client())
-    names = []
-    for index in shards:
-        key = shard_step.key.replace("[?]", f"[shard_{index}]")
-        job_name = f"shard-{index}-{run.run_id[:8]}"
-        create_step_job(cluster, namespace, instance, run, handler, key, shard_step.tags, job_name)
-        if not pods:
-            names.append(job_name)
-            continue
-        names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
-                              what=f"{job_name} pod")[0].metadata.name)
-    return names
-
-
-def fanned_out_run(cluster, namespace: str, instance, tags: dict[str, str] | None = None):
-    """Materialize the Function spread over 4 workers: placed per step, its run worker a CPU pod."""
-    run_id = materialize(instance, "frames__emb_wide", job="fanned", tags=tags)
-    run = instance.get_run_by_id(run_id)
-    assert run.tags["gpufn/placement"] == "per-step", [e.message for e in instance.all_logs(run_id)]
-    pod, node = job_pod(cluster, namespace, run_id)
-    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
-    return run
 
 
 def test_each_shard_of_a_fanned_out_refresh_gets_a_step_pod_on_its_class(cluster, namespace, instance):

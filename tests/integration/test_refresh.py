@@ -13,16 +13,16 @@ import textwrap
 import time
 from pathlib import Path
 
-import dagster as dg
 import lancedb
 import pyarrow as pa
 import pytest
 
-from gpufn_dagster import build_definitions, function_of, gpu_function, refresh_column
+from gpufn_dagster import function_of, gpu_function, refresh_column
 from gpufn_dagster.assets.reporting import ERRORS_TABLE
 from gpufn_dagster.refresh.files import TableFiles
-from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
+
+from ..helpers import make_docs, metadata, open_table, run, values
 
 CALLS: list[str] = []
 
@@ -30,36 +30,6 @@ CALLS: list[str] = []
 def shout(text: str) -> str:
     CALLS.append(text)
     return text.upper()
-
-
-def open_table(db_uri: str):
-    return lancedb.connect(db_uri).open_table("docs")
-
-
-def values(db_uri: str, column: str = "shout") -> dict[int, object]:
-    data = open_table(db_uri).to_lance().to_table(columns=["id", column]).to_pydict()
-    return dict(zip(data["id"], data[column], strict=True))
-
-
-def make_docs(db_uri: str, rows: int, *, start: int = 0):
-    table = pa.table({"id": list(range(start, start + rows)), "text": [f"doc {i}" for i in range(start, start + rows)],
-                      "tag": ["x"] * rows})
-    db = lancedb.connect(db_uri)
-    if "docs" in db.list_tables().tables:
-        db.open_table("docs").add(table)
-    else:
-        db.create_table("docs", table, storage_options=STABLE_ROW_IDS)
-
-
-def run(db_uri: str, asset, instance=None) -> dg.ExecuteInProcessResult:
-    defs = build_definitions(assets=[asset], db_uri=db_uri)
-    return dg.materialize([asset], resources=defs.resources, instance=instance or dg.DagsterInstance.ephemeral(),
-                          raise_on_error=False)
-
-
-def metadata(result: dg.ExecuteInProcessResult) -> dict[str, object]:
-    (event,) = result.get_asset_materialization_events()
-    return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,8 @@ from gpufn_dagster import gpu_function, make_function, refresh_column
 from gpufn_dagster.errors import FunctionFailed
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
-from .test_refresh import make_docs, metadata, open_table, run, values
+from ..helpers import make_docs, metadata, open_table, run, values
+
 
 
 class OutOfMemoryError(RuntimeError):

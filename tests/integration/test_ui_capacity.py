@@ -8,13 +8,12 @@ from __future__ import annotations
 import time
 
 import lancedb
-import pytest
 
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from gpufn_dagster.sample import sample_docs
 
 from ..conftest import REPO
-from .ui import HAVE_BROWSER, chromium, dagster_dev, dismiss_dialog, graphql, screenshot, status, wait_for_text
+from .ui import chromium, dagster_dev, dismiss_dialog, graphql, screenshot, status, wait_for_text
 
 LAUNCH = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
   __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
@@ -29,7 +28,6 @@ def launch(port: int, *assets: str) -> str:
     return result["run"]["runId"]
 
 
-@pytest.mark.skipif(not HAVE_BROWSER, reason="needs Debian's chromium and chromium-driver")
 def test_run_page_shows_the_wait_for_gpu_capacity(tmp_path):
     db_uri = str(tmp_path / "lancedb")
     env = {"GPUFN_LANCEDB_URI": db_uri, "GPUFN_CLASSES_DIR": str(REPO / "classes")}

@@ -9,18 +9,16 @@ from pathlib import Path
 
 import lancedb
 import pyarrow as pa
-import pytest
 
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from ..conftest import REPO
-from .ui import HAVE_BROWSER, chromium, dagster_dev, dismiss_dialog, graphql, screenshot, wait_for_text
+from .ui import chromium, dagster_dev, dismiss_dialog, graphql, screenshot, wait_for_text
 
 DEFS = Path(__file__).with_name("local_defs.py")
 RUNS = "{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }"
 
 
-@pytest.mark.skipif(not HAVE_BROWSER, reason="needs Debian's chromium and chromium-driver")
 def test_materialize_all_across_gpu_classes_just_works(tmp_path):
     db_uri = str(tmp_path / "lancedb")
     gates = tmp_path / "gates"

@@ -18,8 +18,6 @@ from gpufn_devcluster import processes
 from ..conftest import REPO
 
 ARTIFACTS = Path(__file__).parents[1] / "artifacts"
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-HAVE_BROWSER = bool(CHROMIUM and CHROMEDRIVER)
 
 
 def graphql(port: int, query: str, variables: dict | None = None) -> dict:
@@ -63,10 +61,14 @@ def chromium() -> Iterator:
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    # Found when the test runs, not when this module is imported: on a fresh machine the suite
+    # installs Debian's chromium after collection (conftest), and a browser test never skips.
+    browser, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    assert browser and driver_path, "Debian's chromium and chromium-driver are missing (the suite installs them as root)"
+    options.binary_location = browser
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1600,1000"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
         yield driver
     finally:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -22,78 +21,7 @@ from gpufn_dagster.api import create_app
 from gpufn_dagster.errors import ApiConfigError
 
 from ..conftest import CLASSES
-
-SEED = 15
-BASE = {"name": "fuzz", "gpu_model": "X", "gpu_memory": "8GiB", "max_gpu_count_per_worker": 2,
-        "resource_name": "nvidia.com/gpu", "node_selector": {"pool": "fuzz"},
-        "tolerations": [{"key": "pool", "operator": "Equal", "value": "fuzz", "effect": "NoSchedule"}],
-        "price_per_gpu_hour": 1.5, "max_wait": "2h", "local": {"slots": 1}}
-HOSTILE_VALUES = [
-    ".inf", "-.inf", ".nan", "1e999999999999", "9" * 5000, "-1", "0", "99999999999999d", "1e3Gi", "64 Gi",
-    "1_000", "Infinity", "NaN", "１２", "[]", "{}", "null", "true", "''", "'\\x00'", "[[[[[[[[1]]]]]]]]",
-    "9223372036854775808", "-9223372036854775809", "{a: {b: {c: d}}}", "'" + "x" * 3000 + "'",
-]
-FIELDS = ["name", "gpu_model", "gpu_memory", "max_gpu_count_per_worker", "resource_name", "node_selector",
-          "tolerations", "price_per_gpu_hour", "max_wait", "local", "cpu", "memory", "node_affinity"]
-BILLION_LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"]
-                           + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]"
-                              for i in range(8)]) + "\nname: *i\n"
-
-
-def field_cases(rng: random.Random) -> list[str]:
-    """One field of a valid class replaced by a hostile value (as YAML text)."""
-    cases = []
-    for field in FIELDS:
-        for value in HOSTILE_VALUES:
-            lines = [f"{k}: {json.dumps(v)}" for k, v in BASE.items() if k != field]
-            cases.append("\n".join([*lines, f"{field}: {value}"]) + "\n")
-    rng.shuffle(cases)
-    return cases[:260]
-
-
-def whole_file_cases() -> dict[str, bytes | str | None]:
-    deep = "name: fuzz\nnode_affinity: " + "[" * 1000 + "]" * 1000 + "\n"
-    return {
-        "alias bomb in name": BILLION_LAUGHS,
-        "alias bomb in node_affinity": BILLION_LAUGHS.replace("name: *i", "name: fuzz\nnode_affinity: *i"),
-        "nested 1000 deep": deep,
-        "nested mappings 1000 deep": "name: fuzz\nlocal: " + "{a: " * 1000 + "1" + "}" * 1000 + "\n",
-        "non-UTF-8 bytes": b"name: fuzz\ngpu_model: \xff\xfe\n",
-        "a huge file": "name: fuzz\n" + "# padding\n" * 20000,
-        "a list, not a mapping": "- name: fuzz\n",
-        "an empty file": "",
-        "a directory": None,
-        "a dangling symlink": None,
-        "unclosed": "name: [fuzz\n",
-        "tabs": "name:\tfuzz\n\tgpu_model: X\n",
-    }
-
-
-def place(directory: Path, label: str, content: bytes | str | None) -> Path:
-    path = directory / "fuzz.yaml"
-    if label == "a directory":
-        path.mkdir()
-    elif label == "a dangling symlink":
-        path.symlink_to(directory / "gone.yaml")
-    elif isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    return path
-
-
-def outcome(directory: Path) -> tuple[str, float]:
-    """'valid', 'error' (a GpuClassError naming the file), or the kind of exception that escaped."""
-    started = time.monotonic()
-    try:
-        load_gpu_classes(directory)
-        result = "valid"
-    except GpuClassError as err:
-        result = "error" if "fuzz.yaml" in str(err) else f"error without the file: {err}"
-    except Exception as err:  # noqa: BLE001 -- what the test is looking for
-        result = f"traceback: {type(err).__name__}: {str(err)[:200]}"
-    return result, time.monotonic() - started
-
+from ..helpers import BASE, SEED, field_cases, outcome, place, whole_file_cases
 
 def test_fuzzed_class_files_give_clear_errors_and_never_hang(tmp_path):
     rng = random.Random(SEED)

@@ -34,3 +34,16 @@ def test_only_one_module_imports_dagsters_private_modules():
     unexplained = [line for i, line in enumerate(lines) if line.startswith("from dagster._")
                    and not lines[i - 1].startswith(("#", "from dagster._"))]
     assert unexplained == [], unexplained
+
+
+def test_test_modules_share_helpers_through_helpers_modules_only():
+    """A test module imports what tests share from a helpers module, never from another test module."""
+    import ast
+
+    crossing = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tests.")) \
+                    and (node.module or "").split(".")[-1].startswith("test_"):
+                crossing.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module}")
+    assert crossing == [], crossing

@@ -1,0 +1,274 @@
+"""Helpers the tests share: tables refreshed in-process, pods on the suite's control plane, runs
+launched through gpufn's launcher as the UI launches them, and hostile class files. Tests import
+them from here, never from one another."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import dagster as dg
+import kubernetes
+import lancedb
+import pyarrow as pa
+from dagster import DagsterInstance
+from dagster._core.test_utils import in_process_test_workspace
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from gpufn_dagster import GpuClassError, build_definitions
+from gpufn_dagster.assets.resources import STABLE_ROW_IDS
+from gpufn_dagster.classes import GpuClass, load_gpu_classes
+
+from .conftest import CLASSES, wait_for
+
+
+# --- Function tables, refreshed in-process ---
+
+def open_table(db_uri: str):
+    return lancedb.connect(db_uri).open_table("docs")
+
+
+def values(db_uri: str, column: str = "shout") -> dict[int, object]:
+    data = open_table(db_uri).to_lance().to_table(columns=["id", column]).to_pydict()
+    return dict(zip(data["id"], data[column], strict=True))
+
+
+def make_docs(db_uri: str, rows: int, *, start: int = 0):
+    table = pa.table({"id": list(range(start, start + rows)), "text": [f"doc {i}" for i in range(start, start + rows)],
+                      "tag": ["x"] * rows})
+    db = lancedb.connect(db_uri)
+    if "docs" in db.list_tables().tables:
+        db.open_table("docs").add(table)
+    else:
+        db.create_table("docs", table, storage_options=STABLE_ROW_IDS)
+
+
+def run(db_uri: str, asset, instance=None) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(assets=[asset], db_uri=db_uri)
+    return dg.materialize([asset], resources=defs.resources, instance=instance or dg.DagsterInstance.ephemeral(),
+                          raise_on_error=False)
+
+
+def metadata(result: dg.ExecuteInProcessResult) -> dict[str, object]:
+    (event,) = result.get_asset_materialization_events()
+    return {k: v.value for k, v in event.materialization.metadata.items()}
+
+
+# --- pods on the suite's control plane ---
+
+def a100() -> GpuClass:
+    return load_gpu_classes(CLASSES)["a100-80gb"]
+
+
+def gpu_pod(name: str, gpu_class: GpuClass, gpus: int, outcome: str = "hold") -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"gpufn.dev/fake-outcome": outcome}},
+        "spec": {
+            "nodeSelector": dict(gpu_class.node_selector),
+            "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
+            "restartPolicy": "Never",
+            "containers": [{"name": "worker", "image": "gpufn/worker:test",
+                            "resources": {"limits": {gpu_class.resource_name: str(gpus)}}}],
+        },
+    }
+
+
+# --- runs launched through GpuK8sRunLauncher, as the UI launches them ---
+
+DEFS = Path(__file__).parent / "integration" / "k8s_defs.py"  # the code location of the launcher tests
+
+
+def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK8sRunLauncher") -> dict:
+    return {
+        "module": "gpufn_dagster" if cls == "GpuK8sRunLauncher" else "dagster_k8s",
+        "class": cls,
+        "config": {
+            "instance_config_map": "dagster-instance", "service_account_name": "default", "job_namespace": namespace,
+            "load_incluster_config": False,
+            "kubeconfig_file": str(cluster.kubeconfig), "job_image": "gpufn/worker:test",
+            "labels": {"gpufn.dev/fake-outcome": "hold"},
+            # Tables on object storage: the store's settings reach every run and step pod from a Secret.
+            "env_secrets": ["gpufn-object-store"],
+            **({"classes_dir": str(classes_dir)} if cls == "GpuK8sRunLauncher" else {}),
+        },
+    }
+
+
+def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
+                job: str = "__ASSET_JOB", run_config: dict | None = None) -> str:
+    """Launch a run the way the UI's Materialize button does; returns the run id."""
+    origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
+    with in_process_test_workspace(instance, origin) as context:
+        (location,) = context.code_location_names
+        result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
+            "selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
+                         "pipelineName": job, "assetSelection": [{"path": [a]} for a in assets]},
+            "mode": "default",
+            **({"runConfigData": run_config} if run_config else {}),
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }})
+    launched = result.data["launchPipelineExecution"]
+    if launched["__typename"] == "LaunchRunSuccess":
+        return launched["run"]["runId"]
+    assert launched["__typename"] == "PythonError", launched
+    runs = instance.get_runs(limit=1)
+    return runs[0].run_id
+
+
+def job_pod(cluster, namespace: str, run_id: str):
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+                    what="run worker pod")
+    name = pods[0].metadata.name
+    node = wait_for(lambda: core.read_namespaced_pod(name, namespace).spec.node_name, what="pod scheduled")
+    return core.read_namespaced_pod(name, namespace), core.read_node(node)
+
+
+def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict | None = None):
+    """The step handler gpufn's executor builds in the run worker (`step_pods_executor`, its config
+    as a run config's `gpu_step_pods` gives it), with the environment the launcher gave the run worker pod."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._core.executor.init import InitExecutorContext
+
+    from gpufn_dagster.run.executor import gpu_classes_executor, step_pods_executor
+    from gpufn_dagster.run.k8s_pods import GpuStepHandler
+
+    pod, _node = job_pod(cluster, namespace, run.run_id)
+    environment = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
+    job = ReconstructableRepository.for_file(str(DEFS), "defs").get_reconstructable_job(run.job_name)
+    config = {"retries": {"enabled": {}},
+              "gpu_step_pods": {"job_image": "gpufn/worker:test", "step_k8s_config": step_k8s_config or {}}}
+    pods = step_pods_executor(InitExecutorContext(job=job, executor_def=gpu_classes_executor, executor_config=config,
+                                                  instance=instance), environment)
+    assert isinstance(pods._step_handler, GpuStepHandler)
+    return pods._step_handler
+
+
+def create_step_job(cluster, namespace: str, instance, run, handler, key: str, tags, job_name: str) -> None:
+    """The step's Job as the handler's launch_step builds it (KWOK runs no run worker to launch it)."""
+    from types import SimpleNamespace
+
+    from dagster_k8s.job import construct_dagster_k8s_job
+
+    context = SimpleNamespace(
+        dagster_run=run, instance=instance, step_tags={key: tags},
+        execute_step_args=SimpleNamespace(step_keys_to_execute=[key]),
+        get_step_context=lambda k: SimpleNamespace(step=SimpleNamespace(op_name=k)))
+    container_context = handler._get_container_context(context)
+    kubernetes.client.BatchV1Api(cluster.api_client()).create_namespaced_job(namespace, construct_dagster_k8s_job(
+        job_config=container_context.get_k8s_job_config(job_image="gpufn/worker:test",
+                                                        run_launcher=instance.run_launcher),
+        args=["dagster", "api", "execute_step"], job_name=job_name, pod_name=job_name, component="step_worker",
+        user_defined_k8s_config=container_context.run_k8s_config,
+        labels={"dagster/run-id": run.run_id, "dagster/op": key, "step": job_name}))
+
+
+def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True,
+                    step_k8s_config: dict | None = None) -> list[str]:
+    """Create the shard steps' Jobs as gpufn's step handler makes them, with the placement the launcher
+    decided at launch (KWOK runs no step worker to launch them); returns their pods' names (with
+    `pods=False`, the Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
+    handler = step_handler(cluster, namespace, instance, run, step_k8s_config)
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    (shard_step,) = [step for step in plan.steps if "_shard" in step.key]
+    core = kubernetes.client.CoreV1Api(cluster.api_client())
+    names = []
+    for index in shards:
+        key = shard_step.key.replace("[?]", f"[shard_{index}]")
+        job_name = f"shard-{index}-{run.run_id[:8]}"
+        create_step_job(cluster, namespace, instance, run, handler, key, shard_step.tags, job_name)
+        if not pods:
+            names.append(job_name)
+            continue
+        names.append(wait_for(lambda n=job_name: core.list_namespaced_pod(namespace, label_selector=f"step={n}").items,
+                              what=f"{job_name} pod")[0].metadata.name)
+    return names
+
+
+def fanned_out_run(cluster, namespace: str, instance, tags: dict[str, str] | None = None):
+    """Materialize the Function spread over 4 workers: placed per step, its run worker a CPU pod."""
+    run_id = materialize(instance, "frames__emb_wide", job="fanned", tags=tags)
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step", [e.message for e in instance.all_logs(run_id)]
+    pod, node = job_pod(cluster, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "cpu" and not pod.spec.containers[0].resources.limits
+    return run
+
+
+# --- hostile class files: a fixed-seed fuzz of one field at a time, and whole files no editor writes ---
+
+SEED = 15
+BASE = {"name": "fuzz", "gpu_model": "X", "gpu_memory": "8GiB", "max_gpu_count_per_worker": 2,
+        "resource_name": "nvidia.com/gpu", "node_selector": {"pool": "fuzz"},
+        "tolerations": [{"key": "pool", "operator": "Equal", "value": "fuzz", "effect": "NoSchedule"}],
+        "price_per_gpu_hour": 1.5, "max_wait": "2h", "local": {"slots": 1}}
+HOSTILE_VALUES = [
+    ".inf", "-.inf", ".nan", "1e999999999999", "9" * 5000, "-1", "0", "99999999999999d", "1e3Gi", "64 Gi",
+    "1_000", "Infinity", "NaN", "１２", "[]", "{}", "null", "true", "''", "'\\x00'", "[[[[[[[[1]]]]]]]]",
+    "9223372036854775808", "-9223372036854775809", "{a: {b: {c: d}}}", "'" + "x" * 3000 + "'",
+]
+FIELDS = ["name", "gpu_model", "gpu_memory", "max_gpu_count_per_worker", "resource_name", "node_selector",
+          "tolerations", "price_per_gpu_hour", "max_wait", "local", "cpu", "memory", "node_affinity"]
+BILLION_LAUGHS = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"]
+                           + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]"
+                              for i in range(8)]) + "\nname: *i\n"
+
+
+def field_cases(rng: random.Random) -> list[str]:
+    """One field of a valid class replaced by a hostile value (as YAML text)."""
+    cases = []
+    for field in FIELDS:
+        for value in HOSTILE_VALUES:
+            lines = [f"{k}: {json.dumps(v)}" for k, v in BASE.items() if k != field]
+            cases.append("\n".join([*lines, f"{field}: {value}"]) + "\n")
+    rng.shuffle(cases)
+    return cases[:260]
+
+
+def whole_file_cases() -> dict[str, bytes | str | None]:
+    deep = "name: fuzz\nnode_affinity: " + "[" * 1000 + "]" * 1000 + "\n"
+    return {
+        "alias bomb in name": BILLION_LAUGHS,
+        "alias bomb in node_affinity": BILLION_LAUGHS.replace("name: *i", "name: fuzz\nnode_affinity: *i"),
+        "nested 1000 deep": deep,
+        "nested mappings 1000 deep": "name: fuzz\nlocal: " + "{a: " * 1000 + "1" + "}" * 1000 + "\n",
+        "non-UTF-8 bytes": b"name: fuzz\ngpu_model: \xff\xfe\n",
+        "a huge file": "name: fuzz\n" + "# padding\n" * 20000,
+        "a list, not a mapping": "- name: fuzz\n",
+        "an empty file": "",
+        "a directory": None,
+        "a dangling symlink": None,
+        "unclosed": "name: [fuzz\n",
+        "tabs": "name:\tfuzz\n\tgpu_model: X\n",
+    }
+
+
+def place(directory: Path, label: str, content: bytes | str | None) -> Path:
+    path = directory / "fuzz.yaml"
+    if label == "a directory":
+        path.mkdir()
+    elif label == "a dangling symlink":
+        path.symlink_to(directory / "gone.yaml")
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def outcome(directory: Path) -> tuple[str, float]:
+    """'valid', 'error' (a GpuClassError naming the file), or the kind of exception that escaped."""
+    started = time.monotonic()
+    try:
+        load_gpu_classes(directory)
+        result = "valid"
+    except GpuClassError as err:
+        result = "error" if "fuzz.yaml" in str(err) else f"error without the file: {err}"
+    except Exception as err:  # noqa: BLE001 -- what the test is looking for
+        result = f"traceback: {type(err).__name__}: {str(err)[:200]}"
+    return result, time.monotonic() - started
