@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from gpufn_devcluster.processes import free_port
 
 from ..conftest import REPO
 
@@ -21,3 +29,59 @@ def test_readme_python_snippets_run_as_written(tmp_path):
                           env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "['docs', 'docs__embedding', 'docs__word_count', 'docs_en']"
+
+
+def _marked(mark: str) -> list[int]:
+    """The pids of live processes whose environment carries `mark` (children inherit it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_the_readmes_background_dagster_dev_stops_with_kill_even_from_a_backgrounded_script(tmp_path):
+    """The README's way to run the example in the background, run as a background job of a script
+    runs it (SIGINT ignored on entry, which `trap - INT` cannot undo): `kill $(cat dagster-dev.pid)`
+    stops dagster dev and every server it started."""
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+                if "dagster-dev.pid" in b]
+    port = free_port()
+    start_line = block.splitlines()[0].replace("-w workspace.yaml", f"-w workspace.yaml -p {port}")
+    assert start_line != block.splitlines()[0]
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_file:\n      relative_path: {REPO / 'definitions.py'}\n"
+        f"      working_directory: {REPO}\n      location_name: gpufn_example\n")
+    home = tmp_path / ".dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster-embedded.yaml", home / "dagster.yaml")
+    mark = f"GPUFN_README_TEST={uuid.uuid4().hex}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1], "GPUFN_LANCEDB_URI": str(tmp_path / "lancedb"),
+           "GPUFN_CLASSES_DIR": str(REPO / "classes")}
+    script = "\n".join([start_line, *block.splitlines()[1:]])
+    shell = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert shell.wait(timeout=60) == 0
+        deadline = time.monotonic() + 240  # a loaded 2-core machine starts dagster dev slowly
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "dagster-dev.log").read_text()[-3000:]
+                time.sleep(1)
+        assert len(_marked(mark)) >= 3  # dagster dev, its webserver, daemon and code server
+        subprocess.run(["bash", "-c", "kill $(cat dagster-dev.pid)"], cwd=tmp_path, check=True)
+        deadline = time.monotonic() + 90
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _marked(mark) == [], "dagster dev outlived `kill $(cat dagster-dev.pid)`"
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
