@@ -69,12 +69,15 @@ CLASS_LABEL = LABEL_PREFIX + "gpu-class"
 COUNT_LABEL = LABEL_PREFIX + "gpu-count"
 
 # Lance: field metadata on a Function's columns, schema metadata of checkpoint chunks, and the
-# message of the commit a refresh makes (the table sensor skips those: no row was added or changed).
+# messages of the commits gpufn makes -- a refresh's, and a view rebuild carrying Function values
+# over. All start with COMMIT_PREFIX, by which the table sensor skips them: they add or change no row.
 LANCE_PREFIX = "gpufn."
 SIG_COLUMN_KEY = LANCE_PREFIX + "sig_column"  # on each output column: its hidden signature column
 FUNCTION_KEY = LANCE_PREFIX + "function"      # on each output column: the Function that writes it
 OUTCOME_KEY = LANCE_PREFIX + "outcome"        # on a checkpoint chunk: its rows' errors and counts
-REFRESH_COMMIT_PREFIX = "gpufn refresh"
+COMMIT_PREFIX = "gpufn"
+REFRESH_COMMIT_PREFIX = COMMIT_PREFIX + " refresh"
+CARRY_COMMIT_MESSAGE = COMMIT_PREFIX + ": carry Function values over a view rebuild"
 
 
 def refresh_commit_message(function_name: str, version: str) -> str:

@@ -19,7 +19,7 @@ import dagster as dg
 import lance
 
 from ..errors import FunctionDefinitionError
-from ..tags import (REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
+from ..tags import (COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
 from .asset_spec import function_of
 from .resources import LanceDBResource
@@ -32,6 +32,8 @@ def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
 
     >>> changed_data([("DataReplacement", "gpufn refresh docs.embedding"), ("Rewrite", ""), ("Merge", "")])
     False
+    >>> changed_data([("DataReplacement", "gpufn: carry Function values over a view rebuild")])
+    False
     >>> changed_data([("Append", ""), ("CreateIndex", "")])
     True
     """
@@ -40,8 +42,8 @@ def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
             continue
         if operation == "Merge":
             continue  # columns added (e.g. a Function's declaration): no row added or changed
-        if operation == "DataReplacement" and message.startswith(REFRESH_COMMIT_PREFIX):
-            continue  # a gpufn refresh wrote computed values
+        if operation == "DataReplacement" and message.startswith(COMMIT_PREFIX):
+            continue  # gpufn wrote computed values (a refresh, or carrying them over a view rebuild)
         return True
     return False
 

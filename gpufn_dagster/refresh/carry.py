@@ -16,7 +16,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..tags import SIG_COLUMN_KEY
+from ..tags import CARRY_COMMIT_MESSAGE, SIG_COLUMN_KEY
 from .files import TableFiles
 from .plan import field_ids
 from .reads import ADDRESS, row_offsets
@@ -57,5 +57,5 @@ def carry_over(view: TableFiles, previous_version: int) -> int:
         groups.append(lance.LanceOperation.DataReplacementGroup(fragment.fragment_id, writer.data_file(ids)))
     if carried:
         view.commit(lance.LanceOperation.DataReplacement(groups), current.version,
-                    "gpufn: carry Function values over a view rebuild")
+                    CARRY_COMMIT_MESSAGE)
     return carried

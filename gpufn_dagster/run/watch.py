@@ -234,7 +234,10 @@ class CapacityWatcher:
             if workload is not None:
                 lines.admitted.append((run, workload))
             if pod is None:
-                if workload is None or workload.state != KueueState.ADMITTED:
+                # A run listed before its Job existed has lost nothing: it is looked up again here,
+                # while observing, so judging and applying make no API call.
+                if (workload is None or workload.state != KueueState.ADMITTED) and not (
+                        job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}")):
                     lines.podless.append((run, job))
                 continue
             count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
@@ -263,11 +266,11 @@ class CapacityWatcher:
             if decision is not None:
                 yield run, decision, None, None
         for run, job in lines.podless:
-            if job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}"):
-                continue  # listed before this run's Job existed: nothing is lost
-            yield run, decide_without_pod(run.tags, _name(job) if job is not None else None,
-                                          _job_failure(job) if job is not None else None), \
-                (_name(job), job.metadata.namespace) if job is not None else None, None
+            if job is None:
+                yield run, decide_without_pod(run.tags, None, None), None, None
+            else:
+                job_ref = (_name(job), job.metadata.namespace)
+                yield run, decide_without_pod(run.tags, _name(job), _job_failure(job)), job_ref, None
         for run_id, (run, gpu_class, count, verdict, job) in lines.verdicts.items():
             place = lines.positions.get(run_id)
             ahead = lines.classes[gpu_class.name][:place[0] - 1] if place else []

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 from gpufn_dagster import errors
-from gpufn_dagster.tags import (DAGSTER_PRIORITY_TAG, LANCE_PREFIX, PREFIX, REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY,
-                                TABLE_VERSION_BEFORE_KEY, CapacityReason, CapacityState)
+from gpufn_dagster.tags import (CARRY_COMMIT_MESSAGE, COMMIT_PREFIX, DAGSTER_PRIORITY_TAG, LANCE_PREFIX, PREFIX,
+                                REFRESH_COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_VERSION_BEFORE_KEY, CapacityReason,
+                                CapacityState)
 
 from ..conftest import REPO
 
@@ -24,8 +25,8 @@ def test_every_gpufn_key_is_spelled_in_the_tags_module_only():
     """Tags and metadata keys (`gpufn/`), Lance metadata keys and Kubernetes labels (`gpufn.`), the
     refresh's commit message and Dagster's priority tag: written in tags.py, imported everywhere else."""
     spelled = {}
-    owned = (PREFIX, LANCE_PREFIX, REFRESH_COMMIT_PREFIX, DAGSTER_PRIORITY_TAG, TABLE_VERSION_BEFORE_KEY,
-             SOURCE_VERSION_KEY)
+    owned = (PREFIX, LANCE_PREFIX, REFRESH_COMMIT_PREFIX, CARRY_COMMIT_MESSAGE, DAGSTER_PRIORITY_TAG,
+             TABLE_VERSION_BEFORE_KEY, SOURCE_VERSION_KEY)
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(owned):
@@ -33,7 +34,9 @@ def test_every_gpufn_key_is_spelled_in_the_tags_module_only():
     outside = {key: files for key, files in spelled.items() if files != {"gpufn_dagster/tags.py"}}
     # Doctest examples are text, not code: they show the keys as a user sees them.
     assert outside == {}, outside
-    assert {LANCE_PREFIX, REFRESH_COMMIT_PREFIX, DAGSTER_PRIORITY_TAG} <= set(spelled)  # the check sees them
+    assert {LANCE_PREFIX, DAGSTER_PRIORITY_TAG} <= set(spelled)  # the check sees them
+    # Every commit gpufn writes starts with the prefix the table sensor skips on.
+    assert REFRESH_COMMIT_PREFIX.startswith(COMMIT_PREFIX) and CARRY_COMMIT_MESSAGE.startswith(COMMIT_PREFIX)
 
 
 def test_the_lance_keys_a_refresh_writes_are_the_vocabularys(tmp_path):
