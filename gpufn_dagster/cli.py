@@ -1,12 +1,15 @@
-"""The `gpufn` command: list GPU classes, serve the HTTP API, run a development cluster."""
+"""The `gpufn` command: list GPU classes, serve the HTTP API, show the capacity queue,
+write Kueue manifests, append example data.
+
+The development control plane has its own command, `gpufn-devcluster`, in the checkout-only
+`gpufn-devcluster` distribution (`devcluster/`), so the runtime wheel ships none of it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -77,38 +80,6 @@ def serve(host: str, port: int, classes_dir: str | None, token: str | None, allo
         click.echo(f"gpufn serve: no token set: anyone who can reach {host}:{port} can list the GPU classes",
                    err=True)
     uvicorn.run(app, host=host, port=port, log_level="info")
-
-
-@main.command()
-@click.option("--nodes-per-class", default=2, show_default=True)
-@click.option("--cpu-nodes", default=2, show_default=True)
-@click.option("--dir", "classes_dir", envvar="GPUFN_CLASSES_DIR", default=None, help="Class directory.")
-@click.option("--object-store/--no-object-store", default=False, show_default=True,
-              help="Also run an S3-compatible object store (SeaweedFS) for tables on object storage.")
-def devcluster(nodes_per_class: int, cpu_nodes: int, classes_dir: str | None, object_store: bool) -> None:
-    """Run the development Kubernetes control plane with fake GPU pools until interrupted (from a checkout)."""
-    try:
-        from gpufn_devcluster.cluster import DevCluster, binaries_dir
-        from gpufn_devcluster.objectstore import ObjectStore
-    except ImportError as err:
-        raise click.ClickException(f"the development control plane is not installed ({err}); from a checkout of "
-                                   "gpufn-dagster: pip install -e '.[devcluster]'") from None
-
-    with ExitStack() as stack:
-        cluster = stack.enter_context(DevCluster(binaries_dir()))
-        nodes = cluster.add_pools(list_gpu_classes(classes_dir), nodes_per_class=nodes_per_class, cpu=cpu_nodes)
-        click.echo(f"control plane up in {cluster.started_seconds:.1f}s with {len(nodes)} nodes")
-        click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
-        if object_store:
-            store = stack.enter_context(ObjectStore(binaries_dir()))
-            click.echo(f"object store (SeaweedFS) at {store.endpoint}; tables under {store.uri('lancedb')}:")
-            for name, value in store.environment.items():
-                click.echo(f"export {name}={value}")
-            click.echo(f"export GPUFN_LANCEDB_URI={store.uri('lancedb')}")
-        click.echo("Ctrl-C stops it and removes everything.")
-        stop = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # sigwait only takes blocked signals
-        signal.sigwait(stop)
 
 
 # Where the README's `dagster dev` keeps its instance (run history, sensor cursors) in a checkout.

@@ -29,7 +29,7 @@ from .nodes import FAKE_NODE_LABEL, cpu_nodes, gpu_nodes
 from .pki import write_pki
 from .processes import ClusterError, free_port, log_tail, spawn, stop_all, wait_ready
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # devcluster/gpufn_devcluster/cluster.py in a checkout
 BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
 STAGES = Path(__file__).with_name("stages.yaml")
 BIN_DIR_ENV = "GPUFN_K8S_BIN"

@@ -31,7 +31,7 @@ from typing import Any
 
 from gpufn_dagster.classes import GpuClass
 
-from .cluster import DevCluster
+from .cluster import REPO, DevCluster
 from .nodes import CPU_POOL
 from .processes import ClusterError, free_port, spawn, stop_all, wait_ready
 
@@ -77,9 +77,8 @@ def host_mounts() -> tuple[str, ...]:
     """The host paths a worker pod mounts to run this very Python: the system's directories plus
     wherever this interpreter, its virtualenv, the checkout and HOME are (CI checks out under
     /check, a workstation anywhere), each once, none inside another, only those that exist."""
-    checkout = Path(__file__).resolve().parents[1]
     wanted = [*SYSTEM_MOUNTS, sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent),
-              str(checkout), str(Path.home())]
+              str(REPO), str(Path.home())]
     paths = sorted({os.path.normpath(p) for p in wanted if Path(p).exists()})  # /lib stays /lib: ld.so is found there
     return tuple(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
 
