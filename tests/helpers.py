@@ -120,6 +120,18 @@ def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | 
     return runs[0].run_id
 
 
+def event_metadata(instance: DagsterInstance, run_id: str) -> list[dict[str, object]]:
+    """The metadata of each engine event of the run (what the run page's event shows beside its sentence),
+    as plain values: tests assert on these facts, not on the sentence's wording."""
+    found = []
+    for entry in instance.all_logs(run_id):
+        data = entry.dagster_event.engine_event_data if entry.is_dagster_event and entry.dagster_event.is_engine_event \
+            else None
+        if data is not None:
+            found.append({k: v.value for k, v in data.metadata.items()})
+    return found
+
+
 def job_pod(cluster, namespace: str, run_id: str):
     core = kubernetes.client.CoreV1Api(cluster.api_client())
     pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,

@@ -106,7 +106,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 continue
             self._instance.add_run_tags(run.run_id, {CAPACITY_REASON_TAG: CapacityReason.CLASSES_LOADED.value})
             self._instance.report_engine_event(
-                "The GPU class files load again: the run goes to the run queue", run, cls=self.__class__)
+                "The GPU class files load again: the run goes to the run queue", run,
+                EngineEventData({"Class files": str(resolve_classes_dir(self._classes_dir)),
+                                 "Capacity reason": CapacityReason.CLASSES_LOADED.value}), cls=self.__class__)
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
@@ -249,6 +251,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         self._instance.report_engine_event(
             f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
             f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use. "
-            "Terminating the run.", run, EngineEventData({"GPU class": gpu_class.name}),
+            "Terminating the run.", run,
+            EngineEventData({"GPU class": gpu_class.name, "Waited seconds": round(waited, 1),
+                             "max_wait seconds": gpu_class.max_wait.total_seconds(),
+                             "Capacity reason": CapacityReason.MAX_WAIT_EXCEEDED.value}),
             cls=self.__class__, step_key=wait.step_key)
         self._instance.run_launcher.terminate(run.run_id)

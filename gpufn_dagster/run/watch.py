@@ -404,7 +404,8 @@ class CapacityWatcher:
                 self._delete_job(_name(job), job.metadata.namespace, report)
                 self.instance.report_engine_event(
                     f"Deleted Kubernetes Job {_name(job)}: the run is {run.status.value} but its pod was still "
-                    "waiting or running", run, cls=self.__class__)
+                    "waiting or running", run, EngineEventData({"Job": _name(job), "Run status": run.status.value}),
+                    cls=self.__class__)
 
 
 def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,

@@ -18,7 +18,9 @@ from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
-from ..helpers import a100, fanned_out_run, gpu_pod, launcher_config, materialize, shard_step_pods
+from gpufn_dagster.tags import CAPACITY_REASON_TAG, GPU_CLASS_TAG, CapacityReason
+
+from ..helpers import a100, event_metadata, fanned_out_run, gpu_pod, launcher_config, materialize, shard_step_pods
 
 pytestmark = pytest.mark.k8s
 
@@ -85,9 +87,10 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.STARTING  # waiting, not failed, not moved elsewhere
     assert run.tags["gpufn/capacity"] == "waiting" and ".dagster/gpufn/waiting-since" in run.tags
-    (event,) = [m for m in messages(instance, run_id) if "Waiting for GPU capacity" in m]
-    assert "class 'a100-80gb', 2 x nvidia.com/gpu" in event and "position 1 of 1" in event
-    assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event and "nodes are available" in event
+    (event,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
+    assert (event["GPU class"], event["Requested"], event["Position"]) == ("a100-80gb", "2 x nvidia.com/gpu", "1 of 1")
+    assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Reasons"]
+    assert "nodes are available" in event["Scheduler message"]
     assert report.classes["a100-80gb"].waiting == 1
     assert run_pod(core, namespace, run_id).spec.node_name is None  # no fallback to any other node
 
@@ -102,8 +105,7 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     watcher.tick()
     run = instance.get_run_by_id(run_id)
     assert run.tags["gpufn/capacity"] == "scheduled"
-    assert any(f"GPU capacity arrived: scheduled on node {node} after waiting" in m
-               for m in messages(instance, run_id))
+    assert [m["Node"] for m in event_metadata(instance, run_id) if "Node" in m] == [node]
 
 
 def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher, full_a100_pool):
@@ -113,8 +115,8 @@ def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher
     second = materialize(instance, "frames__emb_a100")
     wait_for(lambda: unschedulable(core, namespace, second), what="second Unschedulable")
     watcher.tick(now=time.time() + 1)
-    assert any(f"position 2 of 2 waiting on this class, behind run {first[:8]}" in m
-               for m in messages(instance, second)), messages(instance, second)
+    waits = [m for m in event_metadata(instance, second) if "Requested" in m]
+    assert [(m["Position"], m["Runs ahead"]) for m in waits] == [("2 of 2", first)], waits
 
 
 def test_max_wait_fails_the_run_and_deletes_its_job(cluster, core, namespace, instance, watcher, classes_dir,
@@ -137,7 +139,7 @@ def test_max_wait_fails_the_run_and_deletes_its_job(cluster, core, namespace, in
                           if j.metadata.labels.get("dagster/run-id") == run_id], what="Job deleted")
     wait_for(lambda: not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
              what="pod deleted")
-    assert any("Gave up waiting for GPU capacity of class 'a100-80gb'" in m for m in messages(instance, run_id))
+    assert run.tags[CAPACITY_REASON_TAG] == CapacityReason.MAX_WAIT_EXCEEDED and run.tags[GPU_CLASS_TAG] == "a100-80gb"
 
 
 def test_request_no_node_could_hold_fails_fast(core, namespace, instance, watcher, classes_dir):
@@ -180,16 +182,6 @@ def test_start_timeout_does_not_fail_a_capacity_wait(core, namespace, instance, 
     assert instance.get_run_by_id(run_id).status == DagsterRunStatus.STARTING
 
 
-def test_gated_pod_is_not_reported_as_a_capacity_wait():
-    from gpufn_dagster.run.capacity import pod_verdict
-    from gpufn_dagster.tags import CapacityState
-
-    pod = {"spec": {"scheduling_gates": [{"name": "example.com/quota"}]},
-           "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
-    assert pod_verdict(pod, [], a100(), 1, []).state is CapacityState.GATED
-    failing = {"spec": {"node_name": "n"}, "status": {"container_statuses": [
-        {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling image"}}}]}}
-    assert pod_verdict(failing, [], a100(), 1, []).state is CapacityState.FAILING
 
 
 def test_a_gpu_run_whose_job_and_pod_vanish_fails_with_that_reason(cluster, core, namespace, instance, watcher,
@@ -210,7 +202,7 @@ def test_a_gpu_run_whose_job_and_pod_vanish_fails_with_that_reason(cluster, core
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/capacity"] == "lost"
     assert report.failed_runs == [run_id]
-    assert any("Kubernetes Job and pod are gone before its run worker started" in m for m in messages(instance, run_id))
+    assert run.tags[CAPACITY_REASON_TAG] == CapacityReason.POD_LOST
 
 
 def test_a_freshly_launched_run_without_a_pod_yet_is_left_alone(core, namespace, instance, watcher):
@@ -254,7 +246,8 @@ def test_a_pod_its_job_is_replacing_is_reported_not_failed(cluster, core, namesp
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.STARTING and run.tags["gpufn/capacity"] == "replacing"
     assert report.failed_runs == []
-    assert any("pod is gone (deleted, or its node was lost); its Job" in m for m in messages(instance, run_id))
+    assert run.tags[CAPACITY_REASON_TAG] == CapacityReason.POD_REPLACING
+    assert [m["Job"] for m in event_metadata(instance, run_id) if "Job" in m] == [job.metadata.name]
     core.delete_namespaced_resource_quota("no-more-pods", namespace)
 
 
@@ -276,15 +269,16 @@ def test_a_shard_pod_waiting_for_its_class_is_reported_on_the_run_naming_the_sha
     watcher.tick()
     run = instance.get_run_by_id(run.run_id)
     assert run.tags["gpufn/capacity"] == "waiting" and run.status != DagsterRunStatus.FAILURE
-    (event,) = [m for m in messages(instance, run.run_id) if "Waiting for GPU capacity" in m]
-    assert "Step frames__emb_wide.frames__emb_wide_shard-shard_" in event and "since" in event, event
-    assert event.count("frames__emb_wide_shard-shard_") == 3 and "class 'l4'" in event, event
+    (event,) = [m for m in event_metadata(instance, run.run_id) if "Waiting steps" in m]
+    assert event["Waiting steps"].count("frames__emb_wide.frames__emb_wide_shard-shard_") == 3, event
+    assert event["GPU class"] == "l4" and event["Waiting since"], event
 
     core.delete_namespaced_pod(fills[1], namespace)  # a node frees: the waiting shards are placed
     wait_for(lambda: not unbound(), what="the waiting shards scheduled")
     watcher.tick()
     assert instance.get_run_by_id(run.run_id).tags["gpufn/capacity"] == "scheduled"
-    assert any("GPU capacity arrived" in m for m in messages(instance, run.run_id))
+    (arrived,) = [m for m in event_metadata(instance, run.run_id) if "Node" in m]
+    assert arrived["GPU class"] == "l4" and arrived["Node"] in {n.metadata.name for n in core.list_node().items}
 
 
 def _waiting_run(core, namespace, instance, watcher) -> tuple[str, dict, int]:
@@ -371,7 +365,7 @@ def test_orphan_cleanup_leaves_a_job_being_deleted_alone_and_a_job_already_gone_
         wait_for(lambda: batch.read_namespaced_job(name, namespace).metadata.deletion_timestamp, what="deleting")
         report = watcher.tick()  # before: deleted again, and a race with terminate ended the tick on a 404
         assert name not in report.deleted_jobs
-        assert not any("Deleted Kubernetes Job" in m for m in messages(instance, run.run_id))
+        assert not [m for m in event_metadata(instance, run.run_id) if m.get("Job") == name]
     finally:
         batch.patch_namespaced_job(name, namespace, {"metadata": {"finalizers": None}})
     wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items}, what="gone")
@@ -405,4 +399,5 @@ def test_the_shipped_kubernetes_instance_config_stores_runs_in_postgres_and_its_
         CapacityWatcher(instance, kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client),
                         load_gpu_classes(classes_dir), namespace).tick()
         assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
-        assert any("Waiting for GPU capacity" in m for m in messages(instance, run_id))
+        assert [m["Requested"] for m in event_metadata(instance, run_id) if "Requested" in m and m["GPU class"] == "a100-80gb"] \
+            == ["1 x nvidia.com/gpu"]

@@ -101,43 +101,6 @@ def test_struct_result_fills_several_columns(db_uri):
     assert column(db_uri, "words")[3] == 2
 
 
-def test_asset_carries_class_tags_kinds_version_and_lineage():
-    asset = gpu_function(table="items", column="emb", output_type=pa.list_(pa.float32()), gpu_class="l4", gpu_count=2)(
-        lambda_free_double)
-    spec = asset.specs_by_key[dg.AssetKey("items__emb")]
-    assert spec.tags["gpufn/gpu-class"] == "l4" and spec.tags["gpufn/gpu-count"] == "2"
-    assert {"lance", "gpu"} <= spec.kinds
-    assert dg.AssetKey("items") in {dep.asset_key for dep in spec.deps}
-    assert spec.code_version == function_of(asset).version
-    assert asset.op.tags["gpufn/gpu-class"] == "l4"
-    cpu = gpu_function(table="items", column="x", output_type=pa.float64())(lambda_free_double)
-    cpu_spec = cpu.specs_by_key[dg.AssetKey("items__x")]
-    assert "cpu" in cpu_spec.kinds and "gpufn/gpu-class" not in cpu_spec.tags
-
-
-def test_no_class_means_default_and_version_changes_with_options():
-    a = function_of(gpu_function(table="items", column="y", gpu=True)(lambda_free_double))
-    b = function_of(gpu_function(table="items", column="y", gpu=True, batch_size=7)(lambda_free_double))
-    c = function_of(gpu_function(table="items", column="y", gpu=True, init={"k": 1})(lambda_free_double))
-    assert a.gpu_class == "default"
-    assert a.version == b.version  # batch size does not change values
-    assert a.version != c.version
-
-
-def test_unknown_class_lists_valid_classes():
-    with pytest.raises(FunctionDefinitionError) as err:
-        gpu_function(table="items", column="y", gpu_class="a100-40gb")(lambda_free_double)
-    message = str(err.value)
-    assert "field 'gpu_class': unknown GPU class 'a100-40gb' (did you mean 'a100-80gb'?)" in message
-    assert "a100-80gb, a100-mig-1g-10gb, default, h100-80gb, l4" in message
-
-
-def test_too_many_gpus_names_the_class_maximum():
-    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_count': 2 GPUs exceeds class 'default'.s "
-                                                      r"max_gpu_count_per_worker of 1"):
-        gpu_function(table="items", column="y", gpu=True, gpu_count=2)(lambda_free_double)
-
-
 def test_missing_input_column_fails_definitions_and_lists_columns(db_uri):
     make_table(db_uri)
 
@@ -148,42 +111,6 @@ def test_missing_input_column_fails_definitions_and_lists_columns(db_uri):
     with pytest.raises(FunctionDefinitionError, match=r"field 'inputs': table 'items' has no column 'colour'; "
                                                       r"it has id, text, price"):
         build_definitions(assets=[asset], db_uri=db_uri)
-
-
-def test_uninferable_output_type_asks_for_one():
-    def untyped(text):
-        return text
-
-    with pytest.raises(FunctionDefinitionError, match="field 'output_type'"):
-        gpu_function(table="items", column="z")(untyped)
-
-
-def test_inputs_that_do_not_match_the_parameters_fail_at_load_naming_the_parameter():
-    def two(text: str, price: float) -> str:
-        return text
-
-    with pytest.raises(FunctionDefinitionError, match=r"Function 'two': field 'inputs': 'colour' is not a parameter "
-                                                      r"of the callable, which takes text, price"):
-        gpu_function(table="items", column="y", inputs=["text", "colour"])(two)
-    with pytest.raises(FunctionDefinitionError, match=r"Function 'two': parameter 'price': the callable requires it"):
-        gpu_function(table="items", column="y", inputs=["text"])(two)
-
-    def with_default(text: str, suffix: str = "!") -> str:
-        return text + suffix
-
-    assert function_of(gpu_function(table="items", column="y", inputs=["text"])(with_default)).inputs == ("text",)
-    with pytest.raises(FunctionDefinitionError, match=r"Function 'Tagger': parameter 'prefix'.*init"):
-        gpu_function(table="items", column="t", output_type=pa.string())(Tagger)
-
-
-def test_a_batch_function_must_name_its_value_type():
-    def lengths(text: pa.Array) -> list[int]:  # the annotation describes the batch, not one value
-        return [len(t) for t in text.to_pylist()]
-
-    with pytest.raises(FunctionDefinitionError, match=r"Function 'lengths': field 'output_type': a batch Function"):
-        gpu_function(table="items", column="n")(lengths)
-    assert function_of(gpu_function(table="items", column="n", output_type=pa.int64())(lengths)).call_style is (
-        CallStyle.ARRAYS)
 
 
 def test_switching_the_error_policy_recomputes_nothing(db_uri):

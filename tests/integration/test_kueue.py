@@ -22,7 +22,7 @@ from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
 
 from ..conftest import REPO, wait_for
-from ..helpers import fanned_out_run, launcher_config, materialize, shard_step_pods
+from ..helpers import event_metadata, fanned_out_run, launcher_config, materialize, shard_step_pods
 
 pytestmark = pytest.mark.k8s
 KUEUE = {"local_queue": "gpu-l4", "priority_classes": {10: "gpufn-high", 0: "gpufn-normal", -10: "gpufn-low"}}
@@ -166,9 +166,9 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     watcher.tick()
     run = instance.get_run_by_id(second)
     assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/kueue"]) == ("scheduled", "admitted")
-    said = events(instance, second)
-    assert any(f"Admitted by Kueue to ClusterQueue {queue}" in m for m in said), said
-    assert any("GPU capacity arrived: scheduled on node l4-" in m for m in said), said
+    said = event_metadata(instance, second)
+    assert [m["ClusterQueue"] for m in said if "ClusterQueue" in m] == [queue], said
+    assert [m["Node"].startswith("l4-") for m in said if "Node" in m] == [True], said
 
 
 def test_waiting_runs_are_admitted_by_dagster_priority_and_a_higher_one_preempts_a_lower(

@@ -18,7 +18,7 @@ from dagster._core.test_utils import instance_for_test
 from gpufn_dagster.errors import PlacementError
 
 from ..conftest import launcher_at, wait_for
-from ..helpers import create_step_job, fanned_out_run, job_pod, launcher_config, materialize, shard_step_pods, step_handler
+from ..helpers import create_step_job, event_metadata, fanned_out_run, job_pod, launcher_config, materialize, shard_step_pods, step_handler
 
 pytestmark = pytest.mark.k8s
 @pytest.fixture
@@ -49,8 +49,8 @@ def test_gpu_run_lands_on_its_class_pool_with_limits_and_tolerations(cluster, na
     assert ("nvidia.com/gpu", "Exists", None, "NoSchedule") in tolerations
     assert pod.spec.node_selector["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
     assert [source.secret_ref.name for source in container.env_from] == ["gpufn-object-store"]
-    events = [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
-    assert any("GPU placement: 2 x nvidia.com/gpu on GPU class 'a100-80gb'" in m for m in events)
+    (placed,) = [m for m in event_metadata(instance, run_id) if "GPU model" in m]
+    assert (placed["GPU class"], placed["GPU count"], placed["Resource"]) == ("a100-80gb", 2, "nvidia.com/gpu")
 
 
 def test_mig_run_gets_the_mig_resource_on_the_mig_pool(cluster, namespace, instance):

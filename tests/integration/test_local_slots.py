@@ -26,6 +26,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 
 from ..conftest import wait_for
+from ..helpers import event_metadata
 
 DEFS = Path(__file__).with_name("local_defs.py")
 
@@ -113,10 +114,11 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags[".dagster/gpufn/waiting-since"]
         holder = instance.get_run_by_id(first).tags  # the runs list shows who has the GPU
         assert (holder["gpufn/capacity"], holder[".dagster/gpufn/capacity-reason"]) == ("running", "SlotAcquired")
-        assert (f"Step docs__slow waits for a local GPU slot of class 'default': all 1 slot(s) in use "
-                f"(run {first[:8]} step docs__slow); first in line, 1 step(s) of the class waiting") in messages(instance, second)
+        said = [m for m in event_metadata(instance, second) if "Local slots" in m]
+        assert [(m["GPU class"], m["Local slots"], m["Position"], m["Slots held by"]) for m in said] \
+            == [("default", 1, "1 of 1", f"{first[:8]}/docs__slow")], said
         queue_pass()  # nothing changed: nothing repeated
-        assert messages(instance, second).count("waits for a local GPU slot") == 1
+        assert len([m for m in event_metadata(instance, second) if "Local slots" in m]) == 1
 
         # The operator's view on the command line.
         listed = subprocess.run([sys.executable, "-m", "gpufn_dagster.cli", "capacity", "--json"], check=True,
@@ -130,7 +132,8 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         queue_pass()  # the wait ended: the run's page and tags say so
         run = instance.get_run_by_id(second)
         assert run.tags["gpufn/capacity"] == "running" and run.tags[".dagster/gpufn/capacity-reason"] == "SlotAcquired"
-        assert "Its GPU steps got their local GPU slots after waiting" in messages(instance, second)
+        (waited,) = [m["Waited seconds"] for m in event_metadata(instance, second) if "Waited seconds" in m]
+        assert 0 < waited < time.time() - instance.get_run_record_by_id(second).create_timestamp.timestamp()
         open_gate(2)
         wait_for(lambda: instance.get_run_by_id(second).status == DagsterRunStatus.SUCCESS, timeout=240,
                  what="second run done")
@@ -162,9 +165,10 @@ def test_a_higher_priority_run_gets_the_freed_slot_first_and_the_other_run_is_to
                  what="both later runs' GPU steps waiting")
         queue_pass()
         # Waiting since later, the higher priority is ahead, and the other run's page says so.
-        assert (f"position 2, behind run {high[:8]} step docs__slow, 2 step(s) of the class waiting"
-                in messages(instance, low)), messages(instance, low)
-        assert "first in line, 2 step(s) of the class waiting" in messages(instance, high)
+        def last_position(run_id: str) -> str:
+            return [m["Position"] for m in event_metadata(instance, run_id) if "Local slots" in m][-1]
+
+        assert (last_position(high), last_position(low)) == ("1 of 2", "2 of 2")
 
         open_gate(1)
         wait_for(lambda: holders(instance) == [high], timeout=240, what="the freed slot going to the high-priority run")
@@ -228,7 +232,8 @@ def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_
         run = instance.get_run_by_id(second)
         assert run.status == DagsterRunStatus.CANCELED and run.tags["gpufn/capacity"] == "timed-out"
         assert run.tags[".dagster/gpufn/capacity-reason"] == "MaxWaitExceeded"
-        assert "Gave up waiting for a local GPU slot of class 'default' after" in messages(instance, second)
+        (gave_up,) = [m for m in event_metadata(instance, second) if "max_wait seconds" in m]
+        assert (gave_up["GPU class"], gave_up["max_wait seconds"]) == ("default", 3) and gave_up["Waited seconds"] >= 3
         assert instance.get_run_by_id(first).status == DagsterRunStatus.STARTED  # the one holding the slot is left be
         assert pending(instance) == []  # its claim was given back
 
@@ -300,5 +305,5 @@ def test_a_broken_class_file_holds_only_gpu_runs_and_fixing_it_lets_them_go_with
         queue_pass()
         wait_for(lambda: instance.get_run_by_id(gpu).status == DagsterRunStatus.SUCCESS, timeout=240,
                  what="the held GPU run to start and succeed once the class files load")
-        assert "The GPU class files load again: the run goes to the run queue" in messages(instance, gpu)
+        assert [m["Capacity reason"] for m in event_metadata(instance, gpu) if "Capacity reason" in m] == ["ClassesLoaded"]
         assert instance.get_run_by_id(gpu).tags["gpufn/placement"] == "local"

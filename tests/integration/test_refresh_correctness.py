@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import importlib
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ import pyarrow as pa
 import pytest
 from lancedb.index import IvfFlat
 
-from gpufn_dagster import build_definitions, function_of, gpu_function, make_function, refresh_column
+from gpufn_dagster import build_definitions, gpu_function, make_function, refresh_column
 from gpufn_dagster.assets.reporting import ERRORS_TABLE
 from gpufn_dagster.errors import UpstreamNotCurrent
 from gpufn_dagster.refresh.files import TableFiles
@@ -461,42 +460,8 @@ def test_publish_every_rows_shows_finished_fragments_before_the_refresh_ends(db_
 
 # 9. The version covers the code a Function calls ----------------------------------------------
 
-def write_module(root: Path, name: str, source: str):
-    (root / f"{name}.py").write_text(textwrap.dedent(source))
-    importlib.invalidate_caches()
-    sys.modules.pop(name, None)
-    return importlib.import_module(name)
 
 
-def test_the_version_covers_helpers_and_constants_the_function_references(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    name = f"udf_{os.getpid()}_{time.monotonic_ns()}"
-    base = '''
-        import helpers_{n} as helpers
-        SUFFIX = "!"
-        def clean(text):
-            return text.strip()
-        def shout(text: str) -> str:
-            return helpers.loud(clean(text)) + SUFFIX
-    '''.replace("{n}", name)
-    write_module(tmp_path, f"helpers_{name}", "def loud(t):\n    return t.upper()\n")
-    version = make_function(write_module(tmp_path, name, base).shout, table="t", column="c").version
-
-    def version_after(helpers: str | None = None, module: str | None = None) -> str:
-        write_module(tmp_path, f"helpers_{name}", helpers or "def loud(t):\n    return t.upper()\n")
-        return make_function(write_module(tmp_path, name, module or base).shout, table="t", column="c").version
-
-    assert version_after() == version  # same code, same version
-    assert version_after(module=base.replace('SUFFIX = "!"', 'SUFFIX = "?"')) != version  # a constant
-    assert version_after(module=base.replace("text.strip()", "text.strip('x')")) != version  # a helper here
-    assert version_after(helpers="def loud(t):\n    return t.upper() + ' '\n") != version  # a helper elsewhere
-
-    function = write_module(tmp_path, name, base).shout
-    skip = make_function(function, table="t", column="c", on_error="skip")
-    assert skip.version == make_function(function, table="t", column="c", on_error="fail").version
-    pinned = function_of(gpu_function(table="t", column="c", version="release-7")(function))
-    assert pinned.version == make_function(function, table="t", column="c", version="release-7").version
-    assert pinned.version != version
 
 
 # Files a killed refresh left behind -------------------------------------------------------------

@@ -15,7 +15,7 @@ from tests.storages import STORAGES
 from gpufn_dagster import build_definitions, gpu_function
 from gpufn_dagster.assets.checks import function_checks
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS, LanceDBResource
-from gpufn_dagster.assets.triggers import changed_data, refresh_schedule, table_sensor, unfilled_rows_sensor
+from gpufn_dagster.assets.triggers import refresh_schedule, table_sensor, unfilled_rows_sensor
 
 
 def upper(text: str) -> str:
@@ -139,11 +139,6 @@ def test_sensor_runs_go_through_the_daemon_without_duplicates(db_uri, monkeypatc
         assert all(r.tags["gpufn/gpu-class"] == "l4" for r in runs)
 
 
-def test_changed_data_classifies_commits():
-    assert not changed_data([("DataReplacement", "gpufn refresh docs__up version x"), ("Merge", ""),
-                             ("Rewrite", ""), ("CreateIndex", "")])
-    assert changed_data([("Append", "")]) and changed_data([("Update", "")]) and changed_data([("Delete", "")])
-    assert changed_data([("DataReplacement", "")])  # someone else's column values may be an input
 
 
 def test_schedule_requests_a_run_of_its_functions_with_class_tags(upper_asset):

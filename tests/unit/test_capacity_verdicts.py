@@ -50,3 +50,12 @@ def test_bound_pod_is_scheduled_even_before_it_runs():
     pulling = pod_verdict({"spec": {"node_name": "a100-80gb-1"}, "status": {"container_statuses": [
         {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]}}, [], A100, 1, [])
     assert pulling.state is CapacityState.FAILING and pulling.reason == "ImagePullBackOff" and pulling.message == "no such image"
+
+
+def test_gated_pod_is_not_reported_as_a_capacity_wait():
+    pod = {"spec": {"scheduling_gates": [{"name": "example.com/quota"}]},
+           "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
+    assert pod_verdict(pod, [], A100, 1, []).state is CapacityState.GATED
+    failing = {"spec": {"node_name": "n"}, "status": {"container_statuses": [
+        {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "back-off pulling image"}}}]}}
+    assert pod_verdict(failing, [], A100, 1, []).state is CapacityState.FAILING

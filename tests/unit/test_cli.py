@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ..conftest import REPO
@@ -21,12 +20,17 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_help_does_not_import_dagster_or_lancedb(tmp_path: Path):
-    code = "import sys, gpufn_dagster.cli; print(sorted(m for m in ('dagster', 'lancedb', 'lance') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-    started = time.monotonic()
+    """Why `gpufn --help` (and `gpufn classes`) answer at once: neither loads Dagster or Lance, which
+    take seconds to import. Asserted on what gets imported, not on a time."""
+    code = ("import sys\nfrom gpufn_dagster.cli import main\n"
+            "for args in (['--help'], ['classes', '--dir', sys.argv[1]]):\n"
+            "    try:\n        main(args)\n    except SystemExit as done:\n        assert done.code in (0, None), done.code\n"
+            "print(sorted(m for m in ('dagster', 'lancedb', 'lance') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "classes")], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+    assert "Usage: " in out.stdout and "a100-80gb" in out.stdout
     assert run(["--help"], tmp_path).returncode == 0
-    assert time.monotonic() - started < 30  # generous on a loaded machine; about 0.3 s unloaded
 
 
 def test_capacity_finds_the_project_home_or_says_what_to_do(tmp_path: Path):
