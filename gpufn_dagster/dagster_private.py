@@ -15,16 +15,11 @@ from dagster._core.events import EngineEventData
 # gpufn's executor takes every option the executor it wraps does, with the same defaults.
 from dagster._config import process_config
 
-# The multiprocess executor's own config fields and requirements, so gpufn's executor offers
-# exactly its options (retries, tag concurrency limits) instead of a copy that drifts.
-from dagster._core.definitions.executor_definition import (get_retries_config, get_tag_concurrency_limits_config,
-                                                           multiple_process_executor_requirements)
-# The `retries` config read into the value Dagster's executors take (no public constructor).
+# The multiprocess executor's requirements (a persistent instance, a reconstructable job), which
+# `dg.multiprocess_executor` declares but does not expose; gpufn's executor runs its steps the same way.
+from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
+# The type of an executor's `retries` property (the Executor interface returns it; no public name).
 from dagster._core.execution.retries import RetryMode
-
-# The in-process half of gpufn's executor (CPU steps and local GPU slots) is Dagster's own
-# multiprocess executor, constructed directly: `dg.multiprocess_executor` is only its definition.
-from dagster._core.executor.multiprocess import MultiprocessExecutor
 
 # What a run launcher's `launch_run` receives (`dagster_k8s.K8sRunLauncher` subclasses take it too).
 from dagster._core.launcher import LaunchRunContext
@@ -32,6 +27,5 @@ from dagster._core.launcher import LaunchRunContext
 # What a step handler's `launch_step` receives (`dagster_k8s.K8sStepHandler` is subclassed here).
 from dagster._core.executor.step_delegating.step_handler.base import StepHandlerContext
 
-__all__ = ["EngineEventData", "LaunchRunContext", "MultiprocessExecutor", "ObjectMetadataValue", "RetryMode",
-           "StepHandlerContext", "get_retries_config", "get_tag_concurrency_limits_config",
+__all__ = ["EngineEventData", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "multiple_process_executor_requirements", "process_config"]

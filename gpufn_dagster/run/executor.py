@@ -25,8 +25,7 @@ import dagster as dg
 from dagster import Executor, InitExecutorContext
 
 from ..classes import cached_gpu_classes
-from ..dagster_private import (MultiprocessExecutor, RetryMode, get_retries_config, get_tag_concurrency_limits_config,
-                               multiple_process_executor_requirements, process_config)
+from ..dagster_private import RetryMode, multiple_process_executor_requirements, process_config
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG, RunKind
 from .run_plan import STEP_PODS_FIELD
@@ -68,15 +67,46 @@ def local_step_limit() -> int:
     return (os.cpu_count() or 1) + slots
 
 
+# Every option of Dagster's multiprocess executor, as its own schema declares them (so none drifts or goes missing).
+LOCAL_FIELDS: Mapping[str, dg.Field] = dg.multiprocess_executor.config_schema.config_type.fields
+
+# What a step of a gpufn run imports before it computes a row: Dagster, Arrow, Lance and the engine.
+# A forkserver imports them once per run; each step is then a fork of it, not a fresh interpreter
+# importing them again. None of them touches CUDA, so a step still initializes its device itself,
+# after its local slot has set CUDA_VISIBLE_DEVICES (a process forked after CUDA initialized could
+# not use it). The Function's own modules are added when the job was loaded from a module.
+PRELOAD_MODULES = ("dagster._core.executor.multiprocess", "dagster", "pyarrow", "lance", "lancedb",
+                   "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.fanout_asset",
+                   "gpufn_dagster.refresh.engine")
+
+
+def local_executor_config(config: Mapping[str, Any], job_module: str | None = None) -> dict[str, Any]:
+    """The multiprocess executor's config of a run's in-worker steps: the options given, with gpufn's
+    defaults for the two left unset -- a step limit counting the local GPU slots (`local_step_limit`)
+    and steps forked from a forkserver that preloaded the engine (`PRELOAD_MODULES`, and the job's
+    module when it has one); `start_method: {spawn: {}}` brings back Dagster's default.
+
+    >>> local_executor_config({"retries": {"enabled": {}}, "max_concurrent": 3}, "my_project.defs")["start_method"]
+    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'my_project.defs']}}
+    >>> local_executor_config({"max_concurrent": 3, "start_method": {"spawn": {}}})["start_method"]
+    {'spawn': {}}
+    """
+    local = {key: config[key] for key in LOCAL_FIELDS if config.get(key) is not None}
+    local.setdefault("max_concurrent", local_step_limit())
+    local.setdefault("start_method", {"forkserver": {"preload_modules": [
+        *PRELOAD_MODULES, *([job_module] if job_module and job_module not in PRELOAD_MODULES else [])]}})
+    return local
+
+
 class GpuClassesExecutor(Executor):
     """Steps in the worker's processes, or in their own pods for a run placed per step."""
 
     def __init__(self, init_context: InitExecutorContext):
         self._init_context = init_context
-        config = init_context.executor_config
-        self._local = MultiprocessExecutor(retries=RetryMode.from_config(config["retries"]),
-                                           max_concurrent=config.get("max_concurrent") or local_step_limit(),
-                                           tag_concurrency_limits=config.get("tag_concurrency_limits"))
+        job_module = getattr(init_context.job, "get_module", lambda: None)()
+        self._local = dg.multiprocess_executor.executor_creation_fn(InitExecutorContext(
+            job=init_context.job, executor_def=dg.multiprocess_executor, instance=init_context.instance,
+            executor_config=local_executor_config(init_context.executor_config, job_module)))
 
     @property
     def retries(self) -> RetryMode:
@@ -108,11 +138,14 @@ def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = o
 @dg.executor(
     name="gpufn",
     config_schema={
+        **LOCAL_FIELDS,
         "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, description=(
             "Steps at once: processes of the run worker (default: its CPU count plus every class's local GPU "
             "slots), or step pods.")),
-        "tag_concurrency_limits": get_tag_concurrency_limits_config(),
-        "retries": get_retries_config(),
+        "start_method": dg.Field(LOCAL_FIELDS["start_method"].config_type, is_required=False, description=(
+            "How the run worker starts its step processes: `spawn` (a fresh interpreter per step) or "
+            "`forkserver` (each step forked from a server that imported `preload_modules` once). Default: "
+            "forkserver preloading Dagster, Arrow, Lance, the engine and the job's module.")),
         STEP_PODS_FIELD: dg.Field(dg.Permissive(), default_value={}, description=(
             "For a run that mixes GPU classes on Kubernetes: dagster_k8s k8s_job_executor's config of its "
             "step pods (job_image, step_k8s_config, ...).")),
@@ -121,7 +154,8 @@ def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = o
 )
 def gpu_classes_executor(init_context: InitExecutorContext) -> Executor:
     """The default executor of `build_definitions`: a run mixing GPU classes on Kubernetes runs
-    each step in its own pod on its class; every other run runs its steps in the worker's processes.
+    each step in its own pod on its class; every other run runs its steps in the worker's processes,
+    with every option of Dagster's multiprocess executor (`start_method`, `step_dependency_config`, ...).
 
     Example:
         >>> from gpufn_dagster import build_definitions

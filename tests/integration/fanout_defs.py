@@ -4,7 +4,8 @@ class `wide` (a test class with 4 local slots, each its own device).
 The Function logs every row it computes, with the device its slot gave it and its process, to
 `$GPUFN_TEST_LOG`; it kills its own process once (SIGKILL) when it meets the row named by
 `$GPUFN_TEST_KILL_AT` and `$GPUFN_TEST_KILLED` does not exist yet, and always fails on the row
-named by `$GPUFN_TEST_FAIL_AT`. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
+named by `$GPUFN_TEST_FAIL_AT`. With `$GPUFN_TEST_PARENTS` (a file), each worker process writes
+its pid and its parent's there once, so a test sees how the executor started it. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
 at its first row until 4 processes have arrived: all 4 shards then hold their slots at once.
 
 The Function reads a module global whose value differs in every process (`_LOADED_BY`, the pid
@@ -20,6 +21,7 @@ from gpufn_dagster import build_definitions, gpu_function
 
 
 _arrived = False
+_said_parent = False
 _LOADED_BY = os.getpid()
 
 
@@ -37,6 +39,11 @@ def _meet_the_others(barrier: str, workers: int = 4) -> None:
 def shout(text: str) -> str:
     if _LOADED_BY <= 0:
         raise RuntimeError("no process")
+    global _said_parent
+    if os.environ.get("GPUFN_TEST_PARENTS") and not _said_parent:
+        with open(os.environ["GPUFN_TEST_PARENTS"], "a") as parents:
+            parents.write(f"{os.getpid()}|{os.getppid()}\n")
+        _said_parent = True
     if os.environ.get("GPUFN_TEST_BARRIER"):
         _meet_the_others(os.environ["GPUFN_TEST_BARRIER"])
     if text == os.environ.get("GPUFN_TEST_FAIL_AT"):
