@@ -151,13 +151,39 @@ class NodeSelectorTerm(_Strict):
     )
 
 
+class WarmInstances(_Strict):
+    """Embedded mode: how long a slot keeps a Function's loaded instance (its model on the slot's
+    device) for the next step of the same Function version, and how much it may keep.
+
+    `idle` is how long an instance no step used is kept (0 keeps none: every step loads anew);
+    `memory` the most resident memory the slot's kept instances take together, and `instances`
+    how many it keeps at most: the least recently used go first when a new one loads.
+
+    >>> WarmInstances(idle="10m", memory="8GiB").idle.total_seconds(), WarmInstances().instances
+    (600.0, 2)
+    """
+
+    idle: Duration = timedelta(minutes=10)
+    memory: Bytes | None = None
+    instances: int = Field(default=2, ge=1)
+
+    @field_validator("idle")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value.total_seconds() < 0:
+            raise ValueError("must not be negative (0 keeps no instance)")
+        return value
+
+
 class LocalSlots(_Strict):
     """The embedded mode's capacity: how many GPU steps of this class may run at once here (the
-    limit of the class's Dagster pool), and the device each slot's step sees (`devices[slot % len]`
-    as CUDA_VISIBLE_DEVICES; none set when empty)."""
+    limit of the class's Dagster pool), the device each slot's step sees (`devices[slot % len]`
+    as CUDA_VISIBLE_DEVICES; none set when empty), and how long a slot keeps loaded instances
+    warm for the next step (`warm`)."""
 
     slots: int = Field(default=1, ge=0)
     devices: list[str] = Field(default_factory=list)
+    warm: WarmInstances = Field(default_factory=WarmInstances)
 
 
 def _kueue_name_problem(name: str) -> str | None:

@@ -113,15 +113,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "\nCI=true: a real-part test that skips is not evidence, and these skipped:\n  " + "\n  ".join(_SKIPPED))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     stray_shims = shims(orphaned=True)  # a stopped node's; they run in sessions of their own
-    alive = survivors() + [f"pid {pid}: a stopped real node's containerd shim" for pid in stray_shims]
+    warm = _warm_instances_left()  # they run in sessions of their own too, and end with their code server
+    alive = (survivors() + [f"pid {pid}: a stopped real node's containerd shim" for pid in stray_shims]
+             + [f"pid {pid}: a warm Function instance's process" for pid in warm])
     if alive:
         kill_survivors()
-        for pid in stray_shims:
+        for pid in stray_shims + warm:
             os.kill(pid, signal.SIGKILL)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         (reporter.write_line if reporter else print)(
             "\nprocesses started by the suite were still alive at its end (killed now):\n  " + "\n  ".join(alive))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _warm_instances_left(grace: float = 10.0) -> list[int]:
+    """Warm instances' processes of this session's instances (under the temporary directory) still
+    running after `grace` seconds: each ends within a second of its owner (the code server that
+    launched its run) or its idle time, so one still alive was left behind."""
+    import tempfile
+
+    from gpufn_dagster.refresh.warm import host_processes
+
+    deadline = time.monotonic() + grace
+    while (left := host_processes(Path(tempfile.gettempdir()))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 @pytest.fixture(autouse=True)

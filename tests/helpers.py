@@ -7,17 +7,22 @@ from __future__ import annotations
 import json
 import random
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 import kubernetes
 import lancedb
 import pyarrow as pa
+import yaml
 from dagster import DagsterInstance
 from dagster._core.test_utils import in_process_test_workspace
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
+from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
+from dagster._core.workspace.load_target import PythonFileTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from gpufn_dagster import GpuClassError, build_definitions
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
@@ -284,3 +289,58 @@ def outcome(directory: Path) -> tuple[str, float]:
     except Exception as err:  # noqa: BLE001 -- what the test is looking for
         result = f"traceback: {type(err).__name__}: {str(err)[:200]}"
     return result, time.monotonic() - started
+
+
+# --- the embedded mode on a real instance, its queue daemon and a code location ---
+
+LOCAL_DEFS = Path(__file__).with_name("integration") / "local_defs.py"
+
+
+def submit(workspace, *assets: str, tags: dict[str, str] | None = None) -> str:
+    context = workspace.create_request_context()
+    result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
+        "selector": {"repositoryLocationName": "local_slots", "repositoryName": "__repository__",
+                     "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        "mode": "default"}})
+    launched = result.data["launchPipelineExecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+@contextmanager
+def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOCAL_DEFS, postgres_url: str | None = None,
+             warm: dict | None = None, **settings):
+    """The embedded coordinator on a real instance and workspace; class `default` gets `settings`,
+    and `warm` as its `local.warm` block (default `{idle: 0}`: each step loads its Function itself,
+    so a test of slots sees one process per step; a warm-instance test gives its own).
+    The instance is stored in SQLite files, or with `postgres_url` in that PostgreSQL database
+    (dagster-postgres: runs, events, schedules and the concurrency pools), as on Kubernetes.
+
+    Yields (instance, workspace, a queue-daemon pass, open(n): let the n-th `docs__slow` step to get the
+    slot finish; see integration/local_defs.py).
+    """
+    db_uri = str(tmp_path / "lancedb")
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    monkeypatch.setenv("GPUFN_LANCEDB_URI", db_uri)
+    monkeypatch.setenv("GPUFN_CLASSES_DIR", str(classes_dir))
+    monkeypatch.setenv("GPUFN_TEST_GATES", str(gates))
+    spec = yaml.safe_load((classes_dir / "default.yaml").read_text())
+    spec.update(settings)
+    spec["local"] = {**spec.get("local", {}), "warm": warm if warm is not None else {"idle": 0}}
+    (classes_dir / "default.yaml").write_text(yaml.safe_dump(spec))
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(rows)), "text": [f"d{i}" for i in range(rows)]}),
+                                         storage_options=STABLE_ROW_IDS)
+    overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
+                                     "config": {"classes_dir": str(classes_dir)}},
+                 **({"storage": {"postgres": {"postgres_url": postgres_url}}} if postgres_url else {})}
+    target = PythonFileTarget(python_file=str(defs), attribute="defs", working_directory=str(defs.parent),
+                              location_name="local_slots")
+    with instance_for_test(overrides=overrides) as instance, \
+            create_test_daemon_workspace_context(target, instance) as workspace:
+        daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        try:
+            yield instance, workspace, lambda: list(daemon.run_iteration(workspace)), lambda n: (gates / f"open-{n}").touch()
+        finally:
+            (gates / "open-all").touch()  # whatever happened, no run worker is left holding a slot

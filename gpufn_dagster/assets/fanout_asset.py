@@ -29,6 +29,7 @@ from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.progress import Progress
 from ..refresh.results import RefreshPlan, ShardResult
 from ..refresh.shards import Shard
+from ..refresh.warm import warm_instances
 from ..run.slots import step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
@@ -105,8 +106,11 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
         def report(progress: Progress) -> None:
             context.log.info(f"{name}: {progress.line()}")
 
-        with step_slot(context, class_now(), function.gpu_count):
-            result = _column(context, lancedb, function, report=report).compute_shard(shard, plan.read_version)
+        gpu_class = class_now()
+        with step_slot(context, gpu_class, function.gpu_count) as held:
+            result = _column(context, lancedb, function, report=report,
+                             instances=warm_instances(gpu_class, held, context.log.info)).compute_shard(
+                shard, plan.read_version)
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
                                      "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
         return result

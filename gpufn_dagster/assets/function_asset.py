@@ -21,7 +21,8 @@ from ..classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolv
 from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.progress import Progress
-from ..run.slots import step_slot
+from ..refresh.warm import warm_instances
+from ..run.slots import HeldSlots, step_slot
 from ..function_spec.functions import Function, make_function
 from ..function_spec.options import document_options
 from ..tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
@@ -142,12 +143,12 @@ def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, fu
     """One materialization: refresh the column, record failed rows, report what happened."""
     function = for_this_run(function, context.op_execution_context.op_config or {})
     gpu_class = class_now()
-    with step_slot(context, gpu_class, function.gpu_count):
-        return _refresh_once(context, lancedb, function, gpu_class)
+    with step_slot(context, gpu_class, function.gpu_count) as held:
+        return _refresh_once(context, lancedb, function, gpu_class, held)
 
 
 def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
-                  gpu_class: GpuClass | None) -> dg.MaterializeResult:
+                  gpu_class: GpuClass | None, held: HeldSlots | None) -> dg.MaterializeResult:
     context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
                      f"(Function version {function.version}"
                      + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
@@ -156,7 +157,7 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
 
     result = ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
         report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
-        on_wait=context.log.info)).refresh()
+        on_wait=context.log.info, instances=warm_instances(gpu_class, held, context.log.info))).refresh()
     record_errors(lancedb, function, result, context.run.run_id)
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 

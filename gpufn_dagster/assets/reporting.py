@@ -64,8 +64,13 @@ def device_used(devices: tuple[str, ...]) -> str:
     return ", ".join(f"{n} x{devices.count(n)}" if devices.count(n) > 1 else n for n in names)
 
 
-def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: float, on_gpu: bool) -> dict[str, Any]:
+def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: float, on_gpu: bool,
+                loading_seconds: float = 0.0) -> dict[str, Any]:
     """GPU-seconds and cost of a GPU Function's refresh, billed only when a GPU was visible to it.
+
+    `gpu_seconds` (what `cost_usd` bills) is the worker's whole time on its GPUs: loading the
+    Function's model and computing rows. The two parts are reported apart, `gpu_seconds_loading`
+    (`loading_seconds` x GPUs; 0 when a warm instance was reused) and `gpu_seconds_computing`.
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> from gpufn_dagster.function_spec.functions import make_function
@@ -74,7 +79,9 @@ def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: flo
     >>> def f(x: int) -> int: return x
     >>> fn = make_function(f, table="t", column="y", gpu=True)
     >>> {k: v.value if hasattr(v, "value") else v for k, v in gpu_billing(fn, t4, 3600.0, on_gpu=True).items()}
-    {'gpu_class': 'default', 'gpu_seconds': 3600.0, 'cost_usd': 0.36}
+    {'gpu_class': 'default', 'gpu_seconds': 3600.0, 'gpu_seconds_loading': 0.0, 'gpu_seconds_computing': 3600.0, 'cost_usd': 0.36}
+    >>> {k: v.value for k, v in gpu_billing(fn, t4, 100.0, on_gpu=True, loading_seconds=30.0).items() if "seconds" in k}
+    {'gpu_seconds': 100.0, 'gpu_seconds_loading': 30.0, 'gpu_seconds_computing': 70.0}
     >>> sorted(gpu_billing(fn, t4, 3600.0, on_gpu=False))
     ['gpu_billing', 'gpu_class', 'gpu_seconds']
     """
@@ -82,8 +89,11 @@ def gpu_billing(function: Function, gpu_class: GpuClass | None, gpu_seconds: flo
         return {}
     if not on_gpu:
         return {"gpu_class": gpu_class.name, "gpu_seconds": dg.FloatMetadataValue(0.0), "gpu_billing": NO_GPU_BILLED}
+    loading = min(float(loading_seconds) * function.gpu_count, float(gpu_seconds))
     billed: dict[str, Any] = {"gpu_class": gpu_class.name,
-                              "gpu_seconds": dg.FloatMetadataValue(round(float(gpu_seconds), 3))}
+                              "gpu_seconds": dg.FloatMetadataValue(round(float(gpu_seconds), 3)),
+                              "gpu_seconds_loading": dg.FloatMetadataValue(round(loading, 3)),
+                              "gpu_seconds_computing": dg.FloatMetadataValue(round(float(gpu_seconds) - loading, 3))}
     if gpu_class.price_per_gpu_hour is not None:
         billed["cost_usd"] = dg.FloatMetadataValue(round(gpu_seconds / 3600 * gpu_class.price_per_gpu_hour, 6))
     return billed
@@ -132,7 +142,7 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         "rows_per_second": dg.FloatMetadataValue(round(work.rows_per_second, 1)),
         "dagster/row_count": result.rows_total,
     }
-    if work.load_seconds >= 0.05:
+    if work.load_seconds >= 0.05 or work.rows_computed:  # 0 when the rows went to a warm instance
         metadata["load_seconds"] = dg.FloatMetadataValue(round(work.load_seconds, 2))
     if work.first_values_seconds is not None:
         metadata["first_values_seconds"] = dg.FloatMetadataValue(round(work.first_values_seconds, 2))
@@ -151,5 +161,5 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
     if work.rows_computed:
         metadata["device"] = device_used(work.devices)
     if work.gpu_seconds is not None:
-        metadata.update(gpu_billing(function, gpu_class, work.gpu_seconds, bool(work.devices)))
+        metadata.update(gpu_billing(function, gpu_class, work.gpu_seconds, bool(work.devices), work.load_seconds))
     return metadata

@@ -59,7 +59,7 @@ from .shards import Piece, Shard, split_work, why_fewer_shards, workers_within_b
 from .signature import check_input_types
 from .state import ColumnState, load_state, save_state
 from .upstream import check_upstream
-from .worker import Worker
+from .worker import FunctionInstance, InstanceSource, Worker
 
 _COMMIT_ATTEMPTS = 5
 # A refresh spread over steps holds its lease between them too, while a shard's pod may wait for a
@@ -84,6 +84,8 @@ class RefreshOptions:
             on; 0 calls the Function from the fragment threads in turn, reading nothing ahead.
         lease_token: the lease's owner across processes (a run id): a refresh spread over
             several steps holds one lease from its plan to its commit. Its verbs need one.
+        instances: where the Function's loaded instance comes from (default: loaded by this
+            refresh and closed when it ends; `refresh.warm.warm_instances` keeps it warm for the next).
 
     >>> RefreshOptions(concurrency=2, upstream=[]).upstream
     ()
@@ -98,6 +100,7 @@ class RefreshOptions:
     lease_seconds: float | None = None
     prefetch: int = PREFETCH
     lease_token: str | None = None
+    instances: InstanceSource = FunctionInstance
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", tuple(self.upstream))
@@ -228,7 +231,7 @@ class ColumnRefresh:
     @contextmanager
     def _worker(self) -> Iterator[Worker]:
         """What every attempt of one verb shares; the Function's instance is closed at the end."""
-        worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report)
+        worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report, self.options.instances)
         try:
             yield worker
         finally:

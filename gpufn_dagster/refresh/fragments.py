@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import RefreshStopped
-from .execute import RowError, Rows, call_function
+from .execute import RowError, Rows
 from .plan import FragmentWork, field_ids
 from .progress import Progress
 from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
@@ -113,10 +113,10 @@ class Attempt:
         if self.stop.is_set():
             raise RefreshStopped
         with self.call_lock:
-            call = self.instance.get(self.progress, self.report)
+            self.instance.ready(self.progress, self.report)
             began = time.monotonic()
             try:
-                return call_function(call, self.function, inputs, rows, self.fit)
+                return self.instance.call(inputs, rows, self.fit)
             finally:
                 done = time.monotonic()
                 self.progress.busy_seconds += done - began

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from ..function_spec.functions import Function
 from .batches import BatchSizer
 from .checkpoint import CheckpointStore
-from .execute import BatchFit
+from .execute import BatchFit, RowError, Rows, call_function
 from .files import TableFiles
 from .leftovers import WrittenFiles
 from .progress import Progress
@@ -27,32 +29,40 @@ class FunctionInstance:
     that needs it and kept for every attempt of one refresh verb, then closed once.
 
     Loading is timed apart from the rows and said in the run log as it starts and ends, so a model
-    that loads for a minute never reads as a minute of computing.
+    that loads for a minute never reads as a minute of computing. `refresh.warm.WarmInstance` is
+    the same seam with the instance kept in a process of its own that outlives the step.
     """
 
     def __init__(self, function: Function):
         self.function = function
-        self.call: Any = None
+        self._call: Any = None
 
-    def get(self, progress: Progress, report: Callable[[Progress], None] | None) -> Any:
-        """The callable, constructed now if this is its first use (call with the model thread's lock held)."""
-        if self.call is None:
+    def ready(self, progress: Progress, report: Callable[[Progress], None] | None) -> None:
+        """Load the instance now if this is its first use (call with the model thread's lock held)."""
+        if self._call is None:
             progress.loading_since = time.monotonic()
             if report:
                 report(progress)
             try:
-                self.call = self.function.open()
+                self._call = self.function.open()
             finally:
                 progress.load_seconds += time.monotonic() - progress.loading_since
                 progress.loading_since = None
                 if report:
                     report(progress)
-        return self.call
+
+    def call(self, inputs: pa.RecordBatch, rows: Rows, fit: BatchFit) -> tuple[pa.Array, list[RowError]]:
+        """Values for the rows of one call and the rows that failed (`execute.call_function`)."""
+        return call_function(self._call, self.function, inputs, rows, fit)
 
     def close(self) -> None:
         """Release what the callable holds (its `close()`, when it has one)."""
-        if self.call is not None and hasattr(self.call, "close"):
-            self.call.close()
+        if self._call is not None and hasattr(self._call, "close"):
+            self._call.close()
+
+
+# Where a refresh gets its Function's instance: a FunctionInstance of its own, by default.
+InstanceSource = Callable[[Function], FunctionInstance]
 
 
 @dataclass
@@ -72,8 +82,8 @@ class Worker:
 
     @classmethod
     def of(cls, files: TableFiles, function: Function, prefetch: int,
-           report: Callable[[Progress], None] | None) -> Worker:
+           report: Callable[[Progress], None] | None, instances: InstanceSource = FunctionInstance) -> Worker:
         return cls(files, function, CheckpointStore(files, function.sig_column, function.version),
-                   WrittenFiles(files, function.sig_column), FunctionInstance(function), BatchFit(),
+                   WrittenFiles(files, function.sig_column), instances(function), BatchFit(),
                    BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size),
                    prefetch, report)

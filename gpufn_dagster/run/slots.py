@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,26 @@ def _release(held: list[tuple[int, Any]]) -> None:
         handle.close()
 
 
+@dataclass(frozen=True)
+class HeldSlots:
+    """The local slots a step holds, their devices, and the directory of the slot locks."""
+
+    slots: tuple[int, ...]
+    devices: tuple[str, ...]
+    lock_dir: Path
+
+
 @contextmanager
-def step_slot(context: Any, gpu_class: GpuClass | None, gpus: int = 1) -> Iterator[None]:
-    """Embedded mode: hold `gpus` of the class's local slots (and their devices) while a GPU step runs.
+def step_slot(context: Any, gpu_class: GpuClass | None, gpus: int = 1) -> Iterator[HeldSlots | None]:
+    """Embedded mode: hold `gpus` of the class's local slots (and their devices) while a GPU step
+    runs; yields what it holds (the step's warm Function instances live there: `refresh.warm`).
 
     The pool let the step start; the slots say which devices it uses (CUDA_VISIBLE_DEVICES), in
     the step's own process. Outside the embedded coordinator (Kubernetes, `materialize`) nothing
-    is held: the pod was given its GPUs.
+    is held (the pod was given its GPUs) and None is yielded.
     """
     if gpu_class is None or context.run.tags.get(PLACEMENT_TAG) != RunKind.LOCAL.value:
-        yield
+        yield None
         return
     lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
     with local_slots(gpu_class, lock_dir, gpus, on_wait=context.log.warning) as (slots, devices):
@@ -97,4 +108,4 @@ def step_slot(context: Any, gpu_class: GpuClass | None, gpus: int = 1) -> Iterat
         context.log.info(f"local GPU slot{'s' if len(slots) > 1 else ''} {', '.join(map(str, slots))} of class "
                          f"{gpu_class.name!r}"
                          + (f", CUDA_VISIBLE_DEVICES={','.join(devices)}" if devices else ""))
-        yield
+        yield HeldSlots(tuple(slots), tuple(devices), lock_dir)

@@ -26,8 +26,10 @@ from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
 
 DEFS = Path(__file__).with_name("fanout_defs.py")
+# Each shard loads its Function in its own step process here (warm: {idle: 0}), so the tests see
+# the step processes themselves; test_warm_instances covers shards handing their calls to warm ones.
 WIDE = "name: wide\ngpu_model: TEST\ngpu_memory: 16GiB\nmax_gpu_count_per_worker: 1\n" \
-       "local: {slots: 4, devices: ['0', '1', '2', '3']}\n"
+       "local: {slots: 4, devices: ['0', '1', '2', '3'], warm: {idle: 0}}\n"
 
 
 @contextmanager

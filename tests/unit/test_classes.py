@@ -59,6 +59,10 @@ def write(directory: Path, file_stem: str, **fields) -> Path:
     ({"max_gpu_count_per_worker": 0}, "max_gpu_count_per_worker", "greater than or equal to 1"),
     ({"resource_name": "nvidia.com/gpu count"}, "resource_name", "extended resource name"),
     ({"max_wait": "-5m"}, "max_wait", "positive"),
+    ({"local": {"warm": {"idle": "-1m"}}}, "local.warm.idle", "must not be negative (0 keeps no instance)"),
+    ({"local": {"warm": {"instances": 0}}}, "local.warm.instances", "greater than or equal to 1"),
+    ({"local": {"warm": {"memory": "lots"}}}, "local.warm.memory", "not a byte size"),
+    ({"local": {"warm": {"idel": "5m"}}}, "local.warm.idel", "unknown field (did you mean 'idle'?)"),
 ])
 def test_bad_field_is_named_with_file_and_class(classes_dir, fields, field, words):
     path = write(classes_dir, "broken", **fields)

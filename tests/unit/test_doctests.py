@@ -12,7 +12,7 @@ MODULES = [
     "gpufn_dagster.components.function_column", "gpufn_dagster.assets.definitions", "gpufn_dagster.function_spec.functions",
     "gpufn_dagster.k8s_syntax", "gpufn_dagster.function_spec.options", "gpufn_dagster.refresh.batches", "gpufn_dagster.refresh.engine",
     "gpufn_dagster.refresh.execute", "gpufn_dagster.refresh.gpu_stats",
-    "gpufn_dagster.refresh.progress", "gpufn_dagster.refresh.reads",
+    "gpufn_dagster.refresh.progress", "gpufn_dagster.refresh.reads", "gpufn_dagster.refresh.warm",
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
     "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.assets.triggers",
     "gpufn_dagster.assets.views",

@@ -1,0 +1,328 @@
+"""Warm Function instances in the embedded mode: a Function's loaded instance (its class
+constructed, its model on the slot's device) outlives the step that loaded it, so the next step of
+the same Function version on the same local slot computes at once instead of loading it again.
+
+Design: one long-lived process per kept instance (`refresh.warm_host`), started by the first step
+of a Function version on a local slot, in a session of its own. The steps that hold that slot
+later hand it their calls over a Unix socket -- an Arrow record batch in, the output array and
+the failed rows out -- and it runs the engine's `call_function` on them, so the error policy and
+out-of-memory splits behave as in the step. Chosen over keeping instances in the run worker or a
+forkserver because each run is a process of its own (runs never share memory), and over one
+process per slot serving several versions because a process that imported one version's modules
+cannot import another's: one process, one version, one device, so two never share an instance.
+
+- Keyed by (class, slot, device, Function version): the slot's lock (`run.slots`) means one step
+  at a time uses a slot's instances; nothing is shared between versions or devices.
+- Bounded by the class's `local.warm`: `idle` (unused that long, the process ends), `instances`
+  and `memory` per slot (the least recently used end first when a new one loads).
+- A crash of the process fails the call in flight -- only the step using it -- naming the
+  process and its log; the next step starts a fresh one.
+- The step's log says which: "reused the instance loaded at ... (version ...)" with
+  `load_seconds` 0, or why it loaded anew.
+- The same seam (`worker.FunctionInstance`: ready, call, close) would serve Kubernetes: a
+  long-lived instance pod per GPU node (a Deployment on the class's pool) answering the same
+  socket protocol over the pod network, the slot being a GPU that pod holds; not built yet.
+
+A Function whose callable cannot be sent to another process (a lambda, a closure, a wrapped
+`lancedb.udf`) is loaded in the step as before, and the log says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..classes import GpuClass
+from ..errors import FunctionFailed
+from ..function_spec.functions import Function
+from .execute import BatchFit, RowError, Rows
+from .progress import Progress
+from .worker import FunctionInstance, InstanceSource
+
+HOST_MODULE = "gpufn_dagster.refresh.warm_host"
+# Processes that stand between a step and the process that launched its run: skipped when
+# looking for the owner a warm instance's process lives no longer than.
+_RUN_PROCESSES = ("api execute_run", "api execute_step", "multiprocessing", "dagster_graphql", "execute_run")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The local slot a step holds while it refreshes: its class, index and device, and the
+    directory (the instance's slot locks) where its warm instances register."""
+
+    gpu_class: GpuClass
+    index: int
+    device: str  # CUDA_VISIBLE_DEVICES of the slot ('' when the class names no devices)
+    directory: Path
+
+    def key(self, version: str) -> str:
+        """The registry key of `version`'s instance on this slot.
+
+        >>> from gpufn_dagster.classes import GpuClass
+        >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+        >>> Slot(l4, 0, "0", Path("/x")).key("v1") == Slot(l4, 0, "0", Path("/x")).key("v1") != Slot(l4, 1, "1", Path("/x")).key("v1")
+        True
+        """
+        return hashlib.sha256(f"{self.gpu_class.name}|{self.index}|{self.device}|{version}".encode()).hexdigest()[:20]
+
+
+def owner_pid() -> int:
+    """The process a warm instance lives no longer than: the first ancestor of this step that is
+    not part of the run (its worker, its forkserver): the daemon or `dagster dev` that launched it,
+    or the test process that ran the daemon's pass."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return pid
+        if not any(marker in words for marker in _RUN_PROCESSES):
+            return pid
+        pid = parent
+    return os.getppid()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie -- ended, not yet reaped -- does not).
+
+    >>> alive(os.getpid()), alive(2**22 + 1)
+    (True, False)
+    """
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def registered(directory: Path) -> list[dict[str, Any]]:
+    """The warm instances whose process is alive, from their registry entries (stale ones removed)."""
+    found = []
+    for entry in sorted(directory.glob("*.json")):
+        try:
+            record = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue
+        if alive(record["pid"]):
+            found.append(record)
+        else:
+            entry.unlink(missing_ok=True)
+    return found
+
+
+def stop_hosts(directory: Path, keep: Callable[[dict[str, Any]], bool] = lambda record: False) -> list[int]:
+    """End the warm instances registered in `directory` that `keep` does not keep; their pids."""
+    stopped = []
+    for record in registered(directory):
+        if not keep(record):
+            try:
+                os.kill(record["pid"], signal.SIGTERM)
+                stopped.append(record["pid"])
+            except ProcessLookupError:
+                pass
+    return stopped
+
+
+def host_processes(under: Path | None = None) -> list[int]:
+    """The pids of the warm instances' processes running on this machine (those whose registry is
+    under `under`, when given): what `ps` would show as `python -m gpufn_dagster.refresh.warm_host`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if HOST_MODULE in words and alive(int(proc.name)) and (
+                under is None or any(w.startswith(str(under)) for w in words)):
+            found.append(int(proc.name))
+    return found
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class WarmInstance(FunctionInstance):
+    """The Function's instance in its slot's warm process: reused when one of this version is
+    registered there, else started (and kept after this step ends)."""
+
+    def __init__(self, function: Function, slot: Slot, say: Callable[[str], None]):
+        super().__init__(function)
+        self.slot, self.say = slot, say
+        self.key = slot.key(function.version)
+        self.connection: Connection | None = None
+        self.record: dict[str, Any] | None = None
+        self.started: subprocess.Popen | None = None
+
+    def ready(self, progress: Progress, report: Callable[[Progress], None] | None) -> None:
+        if self.connection is not None:
+            return
+        directory = self.slot.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        mine = [r for r in registered(directory) if r["key"] == self.key]
+        if mine and self._connect(mine[0]):
+            self.say(f"{self.function.name}: reused the instance loaded at {_when(mine[0]['loaded_at'])} "
+                     f"(version {self.function.version}, in process {mine[0]['pid']} on local slot {self.slot.index} "
+                     f"of class {self.slot.gpu_class.name!r}); nothing loaded")
+            return
+        why = ("its process was busy or not answering" if mine else
+               "no instance of this version was warm on this slot (first use, the code changed, or the last one "
+               f"was idle longer than local.warm.idle {self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
+        progress.loading_since = time.monotonic()
+        if report:
+            report(progress)
+        try:
+            self._make_room()
+            record = self._start()
+        finally:
+            progress.load_seconds += time.monotonic() - progress.loading_since
+            progress.loading_since = None
+            if report:
+                report(progress)
+        self.say(f"{self.function.name}: loaded the instance anew ({why}) in process {record['pid']} on local slot "
+                 f"{self.slot.index} of class {self.slot.gpu_class.name!r}, in {record['load_seconds']:.1f}s; it stays "
+                 f"warm for the next step of version {self.function.version}")
+
+    def _connect(self, record: dict[str, Any]) -> bool:
+        try:
+            self.connection = Client(record["address"], family="AF_UNIX", authkey=bytes.fromhex(record["authkey"]))
+        except (OSError, EOFError):
+            return False
+        self.record = record
+        return True
+
+    def _make_room(self) -> None:
+        """End the slot's least recently used instances beyond `local.warm` (count and memory)."""
+        warm = self.slot.gpu_class.local.warm
+        others = sorted(registered(self.slot.directory), key=lambda r: r["last_used"])
+        while others and (len(others) >= warm.instances
+                          or (warm.memory is not None and sum(r["resident_bytes"] for r in others) >= warm.memory)):
+            oldest = others.pop(0)
+            stop_hosts(self.slot.directory, keep=lambda record, pid=oldest["pid"]: record["pid"] != pid)
+            self.say(f"{self.function.name}: ended the warm instance of {oldest['function_name']} (version "
+                     f"{oldest['version']}) on this slot to make room (local.warm: {warm.instances} instance(s)"
+                     + (f", {warm.memory} bytes" if warm.memory is not None else "") + ")")
+
+    def _start(self) -> dict[str, Any]:
+        """Start the slot's process for this version and wait until it loaded the instance."""
+        spec_path = self.slot.directory / f"{self.key}.pickle"
+        for suffix in (".json", ".error"):
+            spec_path.with_suffix(suffix).unlink(missing_ok=True)
+        address = "\0gpufn-warm-" + hashlib.sha256(f"{self.slot.directory.resolve()}|{self.key}".encode()).hexdigest()[:24]
+        spec = {"key": self.key, "version": self.function.version, "function_name": self.function.name,
+                "gpu_class": self.slot.gpu_class.name, "slot": self.slot.index, "device": self.slot.device,
+                "address": address, "authkey": secrets.token_bytes(16), "owner_pid": owner_pid(),
+                "idle_seconds": self.slot.gpu_class.local.warm.idle.total_seconds(),
+                "function": pickle.dumps(self.function), "sys_path": list(sys.path), "cwd": os.getcwd(),
+                "modules": _module_files(self.function)}
+        spec_path.write_bytes(pickle.dumps(spec))
+        os.chmod(spec_path, 0o600)
+        log = spec_path.with_suffix(".log")
+        with open(log, "ab") as out:
+            self.started = subprocess.Popen([sys.executable, "-m", HOST_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=out, start_new_session=True, cwd=os.getcwd())
+        entry = spec_path.with_suffix(".json")
+        while True:
+            if entry.exists():
+                record = json.loads(entry.read_text())
+                if self._connect(record):
+                    return record
+            if self.started.poll() is not None:
+                error = spec_path.with_suffix(".error")
+                detail = error.read_text().strip().splitlines()[-1] if error.exists() else _tail(log)
+                raise FunctionFailed(f"Function {self.function.name!r} failed to load in its warm instance's process "
+                                     f"(exit {self.started.returncode}): {detail} (log: {log})")
+            time.sleep(0.05)
+
+    def call(self, inputs: pa.RecordBatch, rows: Rows, fit: BatchFit) -> tuple[pa.Array, list[RowError]]:
+        assert self.connection is not None and self.record is not None
+        try:
+            self.connection.send(("call", inputs, rows.addresses, rows.ids, fit.rows))
+            reply = self.connection.recv()
+        except (EOFError, OSError) as err:
+            self.connection = None
+            log = self.slot.directory / f"{self.key}.log"
+            raise FunctionFailed(
+                f"Function {self.function.name!r}: its warm instance's process (pid {self.record['pid']}) on local slot "
+                f"{self.slot.index} of class {self.slot.gpu_class.name!r} ended during a call ({_exit(self.record['pid'])}); "
+                f"this step fails, and the next one loads a fresh instance (log: {log}: {_tail(log)})") from err
+        if reply[0] == "raise":
+            raise reply[1]
+        _, values, errors, fit.rows, splits = reply
+        fit.splits += splits
+        return values, errors
+
+    def close(self) -> None:
+        """End this step's use; the instance stays loaded for the next step."""
+        if self.connection is not None:
+            try:
+                self.connection.send(("done",))
+            except OSError:
+                pass
+            self.connection.close()
+            self.connection = None
+
+
+def _module_files(function: Function) -> dict[str, str]:
+    """The module defining the Function's callable and its file: Dagster loads a code location's
+    `python_file` under the file's name without putting its directory on sys.path, so the warm
+    process loads that module from its file before it unpickles the Function."""
+    name = getattr(function.target, "__module__", None)
+    module = sys.modules.get(name or "")
+    path = getattr(module, "__file__", None)
+    return {name: path} if name and path else {}
+
+
+def _exit(pid: int) -> str:
+    return "it is gone" if not alive(pid) else "it stopped answering"
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "empty log"
+
+
+def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], None]) -> InstanceSource:
+    """Where a step's refresh gets its Function's instance: the warm process of the local slot it
+    holds (`held`: `run.slots.HeldSlots`, its first slot for a step of several GPUs) when its class
+    keeps instances (`local.warm.idle` > 0) and the Function can be sent to another process; else
+    loaded in the step (the log says why when it could not be sent).
+
+    >>> warm_instances(None, None, print) is FunctionInstance
+    True
+    """
+    if gpu_class is None or held is None or gpu_class.local.warm.idle.total_seconds() <= 0:
+        return FunctionInstance
+    slot = Slot(gpu_class, held.slots[0], ",".join(held.devices), held.lock_dir / "warm")
+
+    def source(function: Function) -> FunctionInstance:
+        try:
+            pickle.loads(pickle.dumps(function))
+        except Exception as err:
+            say(f"{function.name}: loaded in this step, not kept warm: its callable cannot be sent to a process of "
+                f"its own ({type(err).__name__}: {err}); define it at a module's top level to keep it warm")
+            return FunctionInstance(function)
+        return WarmInstance(function, slot, say)
+
+    return source
