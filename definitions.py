@@ -37,6 +37,6 @@ defs = build_definitions(
     asset_checks=[*function_checks(embedding), *function_checks(word_count)],
     schedules=[refresh_schedule("nightly_docs_refresh", "0 3 * * *", refreshed)],
     # On Kubernetes add gpufn_dagster.run.watch.capacity_sensor(); embedded GPU steps wait for local slots in their run.
-    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=15, running=True)],
+    sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=5, running=True)],
     db_uri=DB_URI,
 )

@@ -121,7 +121,7 @@ def registered(directory: Path) -> list[dict[str, Any]]:
             continue
         if alive(record["pid"]):
             found.append(record)
-        else:
+        else:  # its log stays: a crash's step names it
             entry.unlink(missing_ok=True)
     return found
 
@@ -183,7 +183,12 @@ class WarmInstance(FunctionInstance):
                      f"(version {self.function.version}, in process {mine[0]['pid']} on local slot {self.slot.index} "
                      f"of class {self.slot.gpu_class.name!r}); nothing loaded")
             return
-        why = ("its process was busy or not answering" if mine else
+        if mine:  # registered but not answering: end it, so its successor can take the same address
+            stop_hosts(directory, keep=lambda record: record["pid"] != mine[0]["pid"])
+            deadline = time.monotonic() + 10
+            while alive(mine[0]["pid"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        why = ("the warm one of this version did not answer, so it was ended" if mine else
                "no instance of this version was warm on this slot (first use, the code changed, or the last one "
                f"was idle longer than local.warm.idle {self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
         progress.loading_since = time.monotonic()

@@ -44,6 +44,7 @@ class Host:
 
     def __init__(self, spec_path: Path):
         spec = pickle.loads(spec_path.read_bytes())  # before any user import: sys.path comes with it
+        spec_path.unlink()  # read once: the Function and the key live on in this process only
         self.spec = spec
         self.entry = spec_path.with_suffix(".json")
         self.lock = threading.Lock()  # one call at a time on the device
