@@ -89,8 +89,9 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     assert run.tags["gpufn/capacity"] == "waiting" and ".dagster/gpufn/waiting-since" in run.tags
     (event,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
     assert (event["GPU class"], event["Requested"], event["Position"]) == ("a100-80gb", "2 x nvidia.com/gpu", "1 of 1")
-    assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Reasons"]
+    assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Scheduler message"]
     assert "nodes are available" in event["Scheduler message"]
+    assert f"Insufficient nvidia.com/gpu: {NODES_PER_CLASS} of" in event["Reasons"]  # the same, counted per reason
     assert report.classes["a100-80gb"].waiting == 1
     assert run_pod(core, namespace, run_id).spec.node_name is None  # no fallback to any other node
 
@@ -400,4 +401,4 @@ def test_the_shipped_kubernetes_instance_config_stores_runs_in_postgres_and_its_
                         load_gpu_classes(classes_dir), namespace).tick()
         assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
         assert [m["Requested"] for m in event_metadata(instance, run_id) if "Requested" in m and m["GPU class"] == "a100-80gb"] \
-            == ["1 x nvidia.com/gpu"]
+            == ["2 x nvidia.com/gpu"]
