@@ -7,7 +7,8 @@ Two `dagster dev` sessions on fresh instances run one after the other in the sam
 `warm` (the shipped classes: a slot keeps the loaded model between refreshes, `local.warm`) and
 `load each time` (the same classes with `local.warm.idle: 0`: every refresh loads the model in its
 step, as before issue 24). Each first makes the table (`--table-rows` sample rows) and refreshes it once;
-then `--appends` appends of `--rows` rows follow, each waiting for its refresh. The first append
+then `--appends` appends of `--rows` rows follow, each once no run is going (the last refresh's
+checks done), each waiting for its embeddings. The first append
 of a session is its cold case; p50 and p90 are over the others.
 
     .venv/bin/python bench/sensor_refresh_bench.py --appends 10 --rows 50
@@ -38,7 +39,7 @@ def percentile(values: list[float], q: float) -> float:
 def session(name: str, work: Path, appends: int, rows: int, keep_warm: bool, table_rows: int = 500) -> tuple[list[float], list[float]]:
     """One dagster dev session: the seconds from each append to its embeddings' materialization, and
     each of those refreshes' time to first values (`first_values_seconds`: from the refresh's start)."""
-    from dagster import AssetKey, DagsterInstance
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
     from gpufn_devcluster import processes
 
     import lancedb
@@ -81,9 +82,18 @@ def session(name: str, work: Path, appends: int, rows: int, keep_warm: bool, tab
                     time.sleep(0.1)
                 raise TimeoutError(f"no materialization of {embedding} covering version {version}")
 
+            def quiet(deadline: float) -> None:
+                """Wait until no run is queued or going: the last refresh's checks and view steps run
+                after its embeddings commit, and the sensor starts no refresh while one goes."""
+                going = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                         DagsterRunStatus.STARTED]
+                while instance.get_runs(RunsFilter(statuses=going), limit=1) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+
             table = lancedb.connect(str(db)).open_table("docs")
             covered(table.version, time.monotonic() + 900)  # the sensor's first tick refreshes the table
             for i in range(appends):
+                quiet(time.monotonic() + 900)
                 began = time.time()
                 subprocess.run([sys.executable, "-m", "gpufn_dagster.cli", "append-docs", "--rows", str(rows),
                                 "--db", str(db)], env=env, check=True, capture_output=True)
