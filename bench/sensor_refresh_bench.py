@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50)
     parser.add_argument("--table-rows", type=int, default=500, help="the table's rows before the first append")
     args = parser.parse_args()
+    # SIGTERM (kill, a timeout) ends the bench through its `finally`, which stops dagster dev and the
+    # servers it started; without this a killed bench left dagster dev's webserver and daemon running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="gpufn-sensor-bench-"))
     results = {name: session(name, work, args.appends, args.rows, keep_warm, args.table_rows)
                for name, keep_warm in (("warm", True), ("load each time", False))}
