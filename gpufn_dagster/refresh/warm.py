@@ -40,7 +40,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
@@ -48,16 +47,18 @@ from typing import Any
 import pyarrow as pa
 
 from ..classes import GpuClass
-from ..errors import FunctionFailed
+from ..errors import FunctionDefinitionError, FunctionFailed
 from ..function_spec.functions import Function
+from ..procfs import alive, command_words, running_module, stat_fields
+from ..tags import time_tag
 from .execute import BatchFit, RowError, Rows
 from .progress import Progress
-from .worker import FunctionInstance, InstanceSource
+from .worker import FunctionInstance, InstanceSource, loading
 
 HOST_MODULE = "gpufn_dagster.refresh.warm_host"
 # Processes that stand between a step and the process that launched its run: skipped when
 # looking for the owner a warm instance's process lives no longer than.
-_RUN_PROCESSES = ("api execute_run", "api execute_step", "multiprocessing", "dagster_graphql", "execute_run")
+_RUN_PROCESSES = ("api execute_run", "api execute_step", "multiprocessing", "gpufn_dagster.run.warm_worker")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ class Slot:
         """
         return hashlib.sha256(f"{self.gpu_class.name}|{self.index}|{self.device}|{version}".encode()).hexdigest()[:20]
 
+    def holds(self, record: dict[str, Any]) -> bool:
+        """Whether a registry entry is an instance of this slot: the registry directory holds every
+        class's and slot's, and only the slot's own count towards its `local.warm` bounds.
+
+        >>> from gpufn_dagster.classes import GpuClass
+        >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+        >>> [Slot(l4, 0, "0", Path("/x")).holds({"gpu_class": "l4", "slot": s, "device": "0"}) for s in (0, 1)]
+        [True, False]
+        """
+        return (record["gpu_class"], record["slot"], record["device"]) == (self.gpu_class.name, self.index, self.device)
+
 
 def owner_pid() -> int:
     """The process a warm instance lives no longer than: the first ancestor of this step that is
@@ -87,28 +99,20 @@ def owner_pid() -> int:
     or the test process that ran the daemon's pass."""
     pid = os.getppid()
     while pid > 1:
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        words = " ".join(command_words(pid))
+        stat = stat_fields(pid)
+        if not words or not stat or not any(marker in words for marker in _RUN_PROCESSES):
             return pid
-        if not any(marker in words for marker in _RUN_PROCESSES):
-            return pid
-        pid = parent
+        pid = int(stat[1])
     return os.getppid()
 
 
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie -- ended, not yet reaped -- does not).
-
-    >>> alive(os.getpid()), alive(2**22 + 1)
-    (True, False)
-    """
+def _end(pid: int) -> None:
+    """Ask a warm instance's process to end (it removes its registry entry)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
 
 
 def registered(directory: Path) -> list[dict[str, Any]]:
@@ -126,38 +130,19 @@ def registered(directory: Path) -> list[dict[str, Any]]:
     return found
 
 
-def stop_hosts(directory: Path, keep: Callable[[dict[str, Any]], bool] = lambda record: False) -> list[int]:
-    """End the warm instances registered in `directory` that `keep` does not keep; their pids."""
-    stopped = []
-    for record in registered(directory):
-        if not keep(record):
-            try:
-                os.kill(record["pid"], signal.SIGTERM)
-                stopped.append(record["pid"])
-            except ProcessLookupError:
-                pass
+def stop_hosts(directory: Path) -> list[int]:
+    """End every warm instance registered in `directory`; their pids."""
+    stopped = [record["pid"] for record in registered(directory)]
+    for pid in stopped:
+        _end(pid)
     return stopped
 
 
 def host_processes(under: Path | None = None) -> list[int]:
     """The pids of the warm instances' processes running on this machine (those whose registry is
     under `under`, when given): what `ps` would show as `python -m gpufn_dagster.refresh.warm_host`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if HOST_MODULE in words and alive(int(proc.name)) and (
-                under is None or any(w.startswith(str(under)) for w in words)):
-            found.append(int(proc.name))
-    return found
-
-
-def _when(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return [pid for pid in running_module(HOST_MODULE)
+            if under is None or any(w.startswith(str(under)) for w in command_words(pid))]
 
 
 class WarmInstance(FunctionInstance):
@@ -177,31 +162,25 @@ class WarmInstance(FunctionInstance):
             return
         directory = self.slot.directory
         directory.mkdir(parents=True, exist_ok=True)
-        mine = [r for r in registered(directory) if r["key"] == self.key]
+        others = [r for r in registered(directory) if self.slot.holds(r)]
+        mine = [r for r in others if r["key"] == self.key]
         if mine and self._connect(mine[0]):
-            self.say(f"{self.function.name}: reused the instance loaded at {_when(mine[0]['loaded_at'])} "
+            self.say(f"{self.function.name}: reused the instance loaded at {time_tag(mine[0]['loaded_at'])} "
                      f"(version {self.function.version}, in process {mine[0]['pid']} on local slot {self.slot.index} "
                      f"of class {self.slot.gpu_class.name!r}); nothing loaded")
             return
         if mine:  # registered but not answering: end it, so its successor can take the same address
-            stop_hosts(directory, keep=lambda record: record["pid"] != mine[0]["pid"])
+            _end(mine[0]["pid"])
             deadline = time.monotonic() + 10
             while alive(mine[0]["pid"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            others.remove(mine[0])
         why = ("the warm one of this version did not answer, so it was ended" if mine else
                "no instance of this version was warm on this slot (first use, the code changed, or the last one "
                f"was idle longer than local.warm.idle {self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
-        progress.loading_since = time.monotonic()
-        if report:
-            report(progress)
-        try:
-            self._make_room()
+        with loading(progress, report):
+            self._make_room(others)
             record = self._start()
-        finally:
-            progress.load_seconds += time.monotonic() - progress.loading_since
-            progress.loading_since = None
-            if report:
-                report(progress)
         self.say(f"{self.function.name}: loaded the instance anew ({why}) in process {record['pid']} on local slot "
                  f"{self.slot.index} of class {self.slot.gpu_class.name!r}, in {record['load_seconds']:.1f}s; it stays "
                  f"warm for the next step of version {self.function.version}")
@@ -214,14 +193,16 @@ class WarmInstance(FunctionInstance):
         self.record = record
         return True
 
-    def _make_room(self) -> None:
-        """End the slot's least recently used instances beyond `local.warm` (count and memory)."""
+    def _make_room(self, others: list[dict[str, Any]]) -> None:
+        """End the slot's least recently used instances (`others`, its registered ones) beyond
+        `local.warm` (count and memory); never another slot's, which may be in a call of a step
+        running beside this one."""
         warm = self.slot.gpu_class.local.warm
-        others = sorted(registered(self.slot.directory), key=lambda r: r["last_used"])
+        others = sorted(others, key=lambda r: r["last_used"])
         while others and (len(others) >= warm.instances
                           or (warm.memory is not None and sum(r["resident_bytes"] for r in others) >= warm.memory)):
             oldest = others.pop(0)
-            stop_hosts(self.slot.directory, keep=lambda record, pid=oldest["pid"]: record["pid"] != pid)
+            _end(oldest["pid"])
             self.say(f"{self.function.name}: ended the warm instance of {oldest['function_name']} (version "
                      f"{oldest['version']}) on this slot to make room (local.warm: {warm.instances} instance(s)"
                      + (f", {warm.memory} bytes" if warm.memory is not None else "") + ")")
@@ -308,16 +289,22 @@ def _tail(log: Path) -> str:
     return lines[-1] if lines else "empty log"
 
 
-def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], None]) -> InstanceSource:
+def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], None],
+                   in_run_worker: bool = False) -> InstanceSource:
     """Where a step's refresh gets its Function's instance: the warm process of the local slot it
     holds (`held`: `run.slots.HeldSlots`, its first slot for a step of several GPUs) when its class
     keeps instances (`local.warm.idle` > 0) and the Function can be sent to another process; else
     loaded in the step (the log says why when it could not be sent).
 
+    A step run by the run worker itself (`in_run_worker`: the run's `in_process` executor option)
+    always computes on the slot's process -- one kept only for this step under `idle: 0` -- so the
+    run worker, which goes on to its run's other steps, never initializes a device; a Function that
+    cannot be sent there is refused, saying what to do.
+
     >>> warm_instances(None, None, print) is FunctionInstance
     True
     """
-    if gpu_class is None or held is None or gpu_class.local.warm.idle.total_seconds() <= 0:
+    if gpu_class is None or held is None or (gpu_class.local.warm.idle.total_seconds() <= 0 and not in_run_worker):
         return FunctionInstance
     slot = Slot(gpu_class, held.slots[0], ",".join(held.devices), held.lock_dir / "warm")
 
@@ -325,8 +312,14 @@ def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], N
         try:
             pickle.loads(pickle.dumps(function))
         except Exception as err:
-            say(f"{function.name}: loaded in this step, not kept warm: its callable cannot be sent to a process of "
-                f"its own ({type(err).__name__}: {err}); define it at a module's top level to keep it warm")
+            why = f"its callable cannot be sent to a process of its own ({type(err).__name__}: {err})"
+            if in_run_worker:
+                raise FunctionDefinitionError(
+                    f"{function.name}: a GPU Function computes in its local slot's own process when the run's steps "
+                    f"run in the run worker (execution.config.in_process), and {why}: define it at a module's top "
+                    "level, or run without in_process") from err
+            say(f"{function.name}: loaded in this step, not kept warm: {why}; define it at a module's top level to "
+                "keep it warm")
             return FunctionInstance(function)
         return WarmInstance(function, slot, say)
 

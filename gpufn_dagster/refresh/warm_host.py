@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from .warm import alive
+from ..procfs import alive
 
 
 def _resident_bytes() -> int:
@@ -102,14 +102,18 @@ class Host:
             connection.close()
             self.publish()
 
-    def watch(self, listener: Listener) -> None:
+    def watch(self) -> None:
         """End the process when idle past the slot's `warm.idle` or when its owner is gone."""
         idle, owner = self.spec["idle_seconds"], self.spec["owner_pid"]
         while True:
             time.sleep(0.5)
             if (not self.busy and time.time() - self.last_used > idle) or not alive(owner):
-                self.entry.unlink(missing_ok=True)
-                os._exit(0)
+                self.end()
+
+    def end(self, *_: Any) -> None:
+        """Leave the registry and exit at once (idle, owner gone, or SIGTERM: a newer instance needed the room)."""
+        self.entry.unlink(missing_ok=True)
+        os._exit(0)
 
 
 def _import(name: str, path: str) -> None:
@@ -141,7 +145,7 @@ def _portable(err: BaseException) -> BaseException:
 
 def main(spec_path: str) -> None:
     host = Host(Path(spec_path))
-    signal.signal(signal.SIGTERM, lambda *_: (host.entry.unlink(missing_ok=True), os._exit(0)))
+    signal.signal(signal.SIGTERM, host.end)
     try:
         host.load()
     except BaseException:
@@ -149,7 +153,7 @@ def main(spec_path: str) -> None:
         raise SystemExit(1) from None
     listener = Listener(host.spec["address"], family="AF_UNIX", authkey=host.spec["authkey"])
     host.publish()
-    threading.Thread(target=host.watch, args=(listener,), daemon=True).start()
+    threading.Thread(target=host.watch, daemon=True).start()
     while True:
         try:
             connection = listener.accept()

@@ -9,7 +9,8 @@ with no stale row -- and closed when the verb ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,22 @@ from .execute import BatchFit, RowError, Rows, call_function
 from .files import TableFiles
 from .leftovers import WrittenFiles
 from .progress import Progress
+
+
+@contextmanager
+def loading(progress: Progress, report: Callable[[Progress], None] | None) -> Iterator[None]:
+    """Time the block as the Function's loading (`load_seconds`), said in the run log as it starts
+    and ends, so that a model's load never counts as computing."""
+    progress.loading_since = time.monotonic()
+    if report:
+        report(progress)
+    try:
+        yield
+    finally:
+        progress.load_seconds += time.monotonic() - progress.loading_since
+        progress.loading_since = None
+        if report:
+            report(progress)
 
 
 class FunctionInstance:
@@ -40,16 +57,8 @@ class FunctionInstance:
     def ready(self, progress: Progress, report: Callable[[Progress], None] | None) -> None:
         """Load the instance now if this is its first use (call with the model thread's lock held)."""
         if self._call is None:
-            progress.loading_since = time.monotonic()
-            if report:
-                report(progress)
-            try:
+            with loading(progress, report):
                 self._call = self.function.open()
-            finally:
-                progress.load_seconds += time.monotonic() - progress.loading_since
-                progress.loading_since = None
-                if report:
-                    report(progress)
 
     def call(self, inputs: pa.RecordBatch, rows: Rows, fit: BatchFit) -> tuple[pa.Array, list[RowError]]:
         """Values for the rows of one call and the rows that failed (`execute.call_function`)."""

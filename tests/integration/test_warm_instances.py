@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import lancedb
+import numpy as np
 import pyarrow as pa
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
@@ -113,6 +114,39 @@ def test_two_versions_never_share_an_instance_and_the_oldest_makes_room(warm):
     assert [r["function_name"] for r in registered(directory)] == ["docs__retagged"]
     assert column("tagged") == {i: f"d{i}#v1" for i in range(6)}
     assert column("retagged") == {i: f"d{i}#v2" for i in range(6)}
+
+
+def test_a_slot_makes_room_only_among_its_own_instances(tmp_path, monkeypatch):
+    """Two slots of one class keeping one instance each: the second slot's load leaves the first
+    slot's instance (which a step beside it may be calling) alive, and both answer."""
+    from gpufn_dagster import function_of
+    from gpufn_dagster.classes import GpuClass
+    from gpufn_dagster.refresh.execute import BatchFit, Rows
+    from gpufn_dagster.refresh.progress import Progress
+    from gpufn_dagster.refresh.warm import Slot, WarmInstance
+
+    monkeypatch.setenv("GPUFN_LANCEDB_URI", str(tmp_path / "lancedb"))  # warm_defs' table, for its definitions
+    lancedb.connect(tmp_path / "lancedb").create_table("docs", pa.table({"id": [0], "text": ["a"]}))
+    from . import warm_defs
+
+    monkeypatch.setenv("GPUFN_TEST_LOADS", str(tmp_path / "loads.log"))
+    monkeypatch.setenv("GPUFN_TEST_CALLS", str(tmp_path / "calls.log"))
+    one_each = GpuClass(name="default", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1,
+                        local={"slots": 2, "warm": {"idle": "300s", "instances": 1}})
+    function, said = function_of(warm_defs.tagged), []
+    first, second = (WarmInstance(function, Slot(one_each, i, "", tmp_path / "warm"), said.append) for i in (0, 1))
+    try:
+        first.ready(Progress(), None)
+        second.ready(Progress(), None)
+        assert not any("to make room" in line for line in said), said
+        assert sorted(r["slot"] for r in registered(tmp_path / "warm")) == [0, 1]
+        batch = pa.record_batch({"text": ["a"]})
+        for instance in (first, second):  # the first slot's instance still answers its step
+            values, errors = instance.call(batch, Rows(np.array([0], dtype=np.uint64)), BatchFit())
+            assert values.to_pylist() == ["a#v1"] and errors == []
+    finally:
+        first.close(), second.close()
+        stop_hosts(tmp_path / "warm")
 
 
 def test_a_crashed_instance_fails_only_the_step_using_it_and_the_next_loads_a_fresh_one(warm, monkeypatch):
