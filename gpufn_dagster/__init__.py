@@ -18,7 +18,8 @@ from typing import Any
 _EXPORTS = {
     "ColumnRefresh": "refresh.engine", "Function": "function_spec.functions", "FunctionDefinitionError": "errors",
     "FunctionOptions": "function_spec.options", "GpuClass": "classes", "GpuClassError": "errors",
-    "GpuK8sRunLauncher": "run.launcher", "GpuQueuedRunCoordinator": "run.local", "GpufnError": "errors",
+    "GpuK8sRunLauncher": "run.launcher", "GpuLocalRunLauncher": "run.local_launcher", "GpuQueuedRunCoordinator": "run.local",
+    "GpufnError": "errors",
     "LanceDBResource": "assets.resources", "RefreshOptions": "refresh.engine", "RefreshResult": "refresh.results",
     "TableNotFound": "errors", "build_definitions": "assets.definitions", "function_asset": "assets.function_asset",
     "function_of": "assets.asset_spec", "gpu_classes_executor": "run.executor", "gpu_function": "assets.function_asset",

@@ -27,5 +27,27 @@ from dagster._core.launcher import LaunchRunContext
 # What a step handler's `launch_step` receives (`dagster_k8s.K8sStepHandler` is subclassed here).
 from dagster._core.executor.step_delegating.step_handler.base import StepHandlerContext
 
-__all__ = ["EngineEventData", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
+# A run worker's entry point, as `dagster api execute_run` (what dagster-k8s runs in a run pod)
+# starts one: the run, serialized as `ExecuteRunArgs`. A warm run worker (`run.warm_worker`)
+# executes its run through the same function, and loads its code location ahead from the
+# run's origin as Dagster's run worker will (no public API reconstructs a repository from an origin).
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.origin import RepositoryPythonOrigin
+from dagster._grpc.types import ExecuteRunArgs
+from dagster._utils.hosted_user_process import recon_repository_from_origin
+# What Dagster's run worker sets in its environment before its first step (its Snowflake partner
+# name): a warm run worker sets it before starting its step forkserver, so the steps inherit the same.
+from dagster._core.snowflake_partner import set_snowflake_partner_env_var
+
+
+def execute_run_main(input_json: str) -> None:
+    """`dagster api execute_run <input_json>`'s body (imported when called: its module costs a
+    quarter of a second that every other importer of this module would pay)."""
+    from dagster._cli.api import execute_run_command
+
+    execute_run_command.callback(input_json, None)
+
+
+__all__ = ["EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryPythonOrigin", "execute_run_main",
+           "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "multiple_process_executor_requirements", "process_config"]

@@ -19,6 +19,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "classes"
 BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
+# Marks every process this test session starts (they inherit it), so the end-of-suite check of
+# leftover warm run workers finds this session's, not those of a bench on the same machine.
+SESSION_ENV = "GPUFN_TEST_SESSION"
+os.environ.setdefault(SESSION_ENV, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 os.environ["GPUFN_CLASSES_DIR"] = str(CLASSES)
 
 
@@ -114,11 +118,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     stray_shims = shims(orphaned=True)  # a stopped node's; they run in sessions of their own
     warm = _warm_instances_left()  # they run in sessions of their own too, and end with their code server
+    workers = _warm_run_workers_left()
     alive = (survivors() + [f"pid {pid}: a stopped real node's containerd shim" for pid in stray_shims]
-             + [f"pid {pid}: a warm Function instance's process" for pid in warm])
+             + [f"pid {pid}: a warm Function instance's process" for pid in warm]
+             + [f"pid {pid}: a warm run worker (its launcher was never disposed, or its run never ended)"
+                for pid in workers])
     if alive:
         kill_survivors()
-        for pid in stray_shims + warm:
+        for pid in stray_shims + warm + workers:
             os.kill(pid, signal.SIGKILL)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         (reporter.write_line if reporter else print)(
@@ -138,6 +145,27 @@ def _warm_instances_left(grace: float = 10.0) -> list[int]:
     while (left := host_processes(Path(tempfile.gettempdir()))) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+def _warm_run_workers_left(grace: float = 10.0) -> list[int]:
+    """Warm run workers (`gpufn_dagster.run.warm_worker`) started by this session (they inherited
+    `SESSION_ENV`; another suite's or a bench's on the same machine are not ours) still running
+    after `grace` seconds: one waiting ends with its launcher's instance, one handed a run with its run."""
+    from gpufn_dagster.procfs import running_module
+    from gpufn_dagster.run.warm_worker import MODULE
+
+    mark = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
+
+    def ours(pid: int) -> bool:
+        try:
+            return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + grace
+    while (found := [pid for pid in running_module(MODULE) if ours(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
 
 
 @pytest.fixture(autouse=True)

@@ -296,13 +296,13 @@ def outcome(directory: Path) -> tuple[str, float]:
 LOCAL_DEFS = Path(__file__).with_name("integration") / "local_defs.py"
 
 
-def submit(workspace, *assets: str, tags: dict[str, str] | None = None) -> str:
+def submit(workspace, *assets: str, tags: dict[str, str] | None = None, run_config: dict | None = None) -> str:
     context = workspace.create_request_context()
     result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
         "selector": {"repositoryLocationName": "local_slots", "repositoryName": "__repository__",
                      "pipelineName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
         "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
-        "mode": "default"}})
+        "runConfigData": run_config or {}, "mode": "default"}})
     launched = result.data["launchPipelineExecution"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     return launched["run"]["runId"]
@@ -310,10 +310,11 @@ def submit(workspace, *assets: str, tags: dict[str, str] | None = None) -> str:
 
 @contextmanager
 def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOCAL_DEFS, postgres_url: str | None = None,
-             warm: dict | None = None, **settings):
+             warm: dict | None = None, warm_run_workers: bool = True, **settings):
     """The embedded coordinator on a real instance and workspace; class `default` gets `settings`,
     and `warm` as its `local.warm` block (default `{idle: 0}`: each step loads its Function itself,
-    so a test of slots sees one process per step; a warm-instance test gives its own).
+    so a test of slots sees one process per step; a warm-instance test gives its own). Runs start
+    in warm run workers, as the shipped deploy/dagster-embedded.yaml has them (`warm_run_workers`).
     The instance is stored in SQLite files, or with `postgres_url` in that PostgreSQL database
     (dagster-postgres: runs, events, schedules and the concurrency pools), as on Kubernetes.
 
@@ -334,6 +335,9 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOC
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}},
+                 # as deploy/dagster-embedded.yaml: runs start in warm run workers (run.local_launcher)
+                 "run_launcher": {"module": "gpufn_dagster", "class": "GpuLocalRunLauncher",
+                                  "config": {"warm_run_workers": warm_run_workers}},
                  **({"storage": {"postgres": {"postgres_url": postgres_url}}} if postgres_url else {})}
     target = PythonFileTarget(python_file=str(defs), attribute="defs", working_directory=str(defs.parent),
                               location_name="local_slots")

@@ -30,6 +30,7 @@ from ..refresh.progress import Progress
 from ..refresh.results import RefreshPlan, ShardResult
 from ..refresh.shards import Shard
 from ..refresh.warm import warm_instances
+from ..run.executor import steps_in_this_process
 from ..run.slots import step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
@@ -109,7 +110,7 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
         gpu_class = class_now()
         with step_slot(context, gpu_class, function.gpu_count) as held:
             result = _column(context, lancedb, function, report=report,
-                             instances=warm_instances(gpu_class, held, context.log.info)).compute_shard(
+                             instances=warm_instances(gpu_class, held, context.log.info, steps_in_this_process())).compute_shard(
                 shard, plan.read_version)
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
                                      "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
@@ -148,13 +149,14 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
     wall = max(time.time() - plan.started_at, 0.0)
     rows = sum(s.rows_computed for s in shards)
     compute = sum(s.compute_seconds for s in shards)
-    firsts = [s.first_values_at for s in shards if s.first_values_at is not None]
+    first = min((s for s in shards if s.first_values_at is not None), key=lambda s: s.first_values_at, default=None)
     on_gpu = [s for s in shards if s.devices]
     return WorkerFigures(
         wall_seconds=wall, rows_computed=rows, rows_per_second=rows / wall if wall > 0 else 0.0,
         busy_fraction=sum(s.busy_seconds for s in shards) / compute if compute > 0 else None,
         load_seconds=sum(s.load_seconds for s in shards),
-        first_values_seconds=min(firsts) - plan.started_at if firsts else None,
+        first_values_seconds=first.first_values_at - plan.started_at if first is not None else None,
+        first_call_seconds=first.first_call_seconds if first is not None else None,
         devices=tuple(d for s in shards for d in s.devices),
         gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if shards else None)
 

@@ -22,6 +22,7 @@ from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.progress import Progress
 from ..refresh.warm import warm_instances
+from ..run.executor import steps_in_this_process
 from ..run.slots import HeldSlots, step_slot
 from ..function_spec.functions import Function, make_function
 from ..function_spec.options import document_options
@@ -157,7 +158,7 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
 
     result = ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
         report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
-        on_wait=context.log.info, instances=warm_instances(gpu_class, held, context.log.info))).refresh()
+        on_wait=context.log.info, instances=warm_instances(gpu_class, held, context.log.info, steps_in_this_process()))).refresh()
     record_errors(lancedb, function, result, context.run.run_id)
     return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
 

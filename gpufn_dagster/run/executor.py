@@ -25,9 +25,10 @@ import dagster as dg
 from dagster import Executor, InitExecutorContext
 
 from ..classes import cached_gpu_classes
-from ..dagster_private import RetryMode, multiple_process_executor_requirements, process_config
+from ..dagster_private import EngineEventData, RetryMode, multiple_process_executor_requirements, process_config
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG, RunKind
+from . import forkserver
 from .run_plan import STEP_PODS_FIELD
 
 
@@ -78,24 +79,54 @@ LOCAL_FIELDS: Mapping[str, dg.Field] = dg.multiprocess_executor.config_schema.co
 PRELOAD_MODULES = ("dagster._core.executor.multiprocess", "dagster", "pyarrow", "lance", "lancedb",
                    "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.fanout_asset",
                    "gpufn_dagster.refresh.engine")
+# Preloaded last: the run's instance storage (`run.step_preload`).
+STEP_PRELOAD_MODULE = "gpufn_dagster.run.step_preload"
 
 
-def local_executor_config(config: Mapping[str, Any], job_module: str | None = None) -> dict[str, Any]:
+def default_start_method() -> dict[str, Any]:
+    """The start method of a run's step processes when its config names none: a forkserver
+    preloading `PRELOAD_MODULES`, then the run's instance (`STEP_PRELOAD_MODULE`).
+
+    Not the job's module, which Dagster itself would preload: a code location that opens its
+    database when it loads (`build_definitions` checks its tables) starts Lance's thread pools,
+    which a step forked from that server does not inherit safely (a step crashed with SIGSEGV
+    when the location was preloaded). Each step loads its code location itself.
+
+    >>> default_start_method()
+    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.run.step_preload']}}
+    """
+    return {"forkserver": {"preload_modules": [*PRELOAD_MODULES, STEP_PRELOAD_MODULE]}}
+
+
+def default_preloads() -> tuple[str, ...]:
+    """What the forkserver of `default_start_method` imports: a warm run worker starts it ahead."""
+    return forkserver.preloads(default_start_method()["forkserver"], None)
+
+
+def local_executor_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The multiprocess executor's config of a run's in-worker steps: the options given, with gpufn's
     defaults for the two left unset -- a step limit counting the local GPU slots (`local_step_limit`)
-    and steps forked from a forkserver that preloaded the engine (`PRELOAD_MODULES`, and the job's
-    module when it has one); `start_method: {spawn: {}}` brings back Dagster's default.
+    and steps forked from a forkserver that preloaded the engine (`default_start_method`);
+    `start_method: {spawn: {}}` brings back Dagster's default.
 
-    >>> local_executor_config({"retries": {"enabled": {}}, "max_concurrent": 3}, "my_project.defs")["start_method"]
-    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'my_project.defs']}}
+    >>> local_executor_config({"retries": {"enabled": {}}, "max_concurrent": 3})["start_method"]
+    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.run.step_preload']}}
     >>> local_executor_config({"max_concurrent": 3, "start_method": {"spawn": {}}})["start_method"]
     {'spawn': {}}
     """
     local = {key: config[key] for key in LOCAL_FIELDS if config.get(key) is not None}
     local.setdefault("max_concurrent", local_step_limit())
-    local.setdefault("start_method", {"forkserver": {"preload_modules": [
-        *PRELOAD_MODULES, *([job_module] if job_module and job_module not in PRELOAD_MODULES else [])]}})
+    local.setdefault("start_method", default_start_method())
     return local
+
+
+_steps_here = False
+
+
+def steps_in_this_process() -> bool:
+    """Whether this process is a run worker executing its run's steps itself (`in_process`): a GPU
+    step must then leave its device to its slot's own process (`refresh.warm.warm_instances`)."""
+    return _steps_here
 
 
 class GpuClassesExecutor(Executor):
@@ -103,17 +134,39 @@ class GpuClassesExecutor(Executor):
 
     def __init__(self, init_context: InitExecutorContext):
         self._init_context = init_context
-        job_module = getattr(init_context.job, "get_module", lambda: None)()
-        self._local = dg.multiprocess_executor.executor_creation_fn(InitExecutorContext(
-            job=init_context.job, executor_def=dg.multiprocess_executor, instance=init_context.instance,
-            executor_config=local_executor_config(init_context.executor_config, job_module)))
+        self._job_module = getattr(init_context.job, "get_module", lambda: None)()
+        config = init_context.executor_config
+        self._local_config = local_executor_config(config)
+        self._in_process = bool(config.get("in_process"))
+        if self._in_process:
+            self._local = dg.in_process_executor.executor_creation_fn(InitExecutorContext(
+                job=init_context.job, executor_def=dg.in_process_executor, instance=init_context.instance,
+                executor_config={"retries": config["retries"], "marker_to_close": None,
+                                 **({"step_dependency_config": config["step_dependency_config"]}
+                                    if config.get("step_dependency_config") is not None else {})}))
+        else:
+            self._local = dg.multiprocess_executor.executor_creation_fn(InitExecutorContext(
+                job=init_context.job, executor_def=dg.multiprocess_executor, instance=init_context.instance,
+                executor_config=self._local_config))
 
     @property
     def retries(self) -> RetryMode:
         return self._local.retries
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
+        global _steps_here
+        if not placed_per_step(plan_context.dagster_run.tags) and self._in_process:
+            _steps_here = True
+            forkserver.stop_ahead()
+            yield from self._local.execute(plan_context, execution_plan)
+            return
         if not placed_per_step(plan_context.dagster_run.tags):
+            os.environ[forkserver.STEP_PRELOAD_ENV] = forkserver.preload_spec(plan_context.instance.get_ref())
+            why = forkserver.fit(self._local_config["start_method"], self._job_module)
+            if why is not None:
+                yield dg.DagsterEvent.engine_event(plan_context, (
+                    f"The step forkserver this run worker started ahead was stopped, {why}: the first step "
+                    "starts the run's own."), EngineEventData())
             yield from self._local.execute(plan_context, execution_plan)
             return
         yield from step_pods_executor(self._init_context).execute(plan_context, execution_plan)
@@ -145,7 +198,12 @@ def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = o
         "start_method": dg.Field(LOCAL_FIELDS["start_method"].config_type, is_required=False, description=(
             "How the run worker starts its step processes: `spawn` (a fresh interpreter per step) or "
             "`forkserver` (each step forked from a server that imported `preload_modules` once). Default: "
-            "forkserver preloading Dagster, Arrow, Lance, the engine and the job's module.")),
+            "forkserver preloading Dagster, Arrow, Lance, the engine and the run's instance storage.")),
+        "in_process": dg.Field(bool, default_value=False, description=(
+            "Run the steps one after another in the run worker's own process, as Dagster's in_process executor "
+            "does, instead of a process each: no step start to pay, so a small refresh is done in seconds (the "
+            "table and unfilled-rows sensors ask for it for small changes). GPU Functions then compute in their "
+            "local slot's own process, never in the run worker. Not for runs on Kubernetes step pods.")),
         STEP_PODS_FIELD: dg.Field(dg.Permissive(), default_value={}, description=(
             "For a run that mixes GPU classes on Kubernetes: dagster_k8s k8s_job_executor's config of its "
             "step pods (job_image, step_k8s_config, ...).")),

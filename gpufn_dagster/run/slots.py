@@ -103,9 +103,16 @@ def step_slot(context: Any, gpu_class: GpuClass | None, gpus: int = 1) -> Iterat
         return
     lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
     with local_slots(gpu_class, lock_dir, gpus, on_wait=context.log.warning) as (slots, devices):
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
         if devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         context.log.info(f"local GPU slot{'s' if len(slots) > 1 else ''} {', '.join(map(str, slots))} of class "
                          f"{gpu_class.name!r}"
                          + (f", CUDA_VISIBLE_DEVICES={','.join(devices)}" if devices else ""))
-        yield HeldSlots(tuple(slots), tuple(devices), lock_dir)
+        try:
+            yield HeldSlots(tuple(slots), tuple(devices), lock_dir)
+        finally:  # a run worker running its steps itself (in_process) goes on to other steps
+            if before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before

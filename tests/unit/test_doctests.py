@@ -15,7 +15,7 @@ MODULES = [
     "gpufn_dagster.refresh.progress", "gpufn_dagster.refresh.reads", "gpufn_dagster.refresh.warm",
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
     "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.assets.triggers",
-    "gpufn_dagster.assets.views",
+    "gpufn_dagster.assets.views", "gpufn_dagster.procfs", "gpufn_dagster.run.forkserver", "gpufn_dagster.run.local_launcher",
 ]
 
 
