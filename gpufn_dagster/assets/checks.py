@@ -9,7 +9,7 @@ Both read the table as it is now, so they hold across runs:
 """
 
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
@@ -20,7 +20,8 @@ from .resources import LanceDBResource
 
 
 def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 0.0) -> Sequence[dg.AssetChecksDefinition]:
-    """The two checks of a Function asset made by `gpu_function`.
+    """The two checks of a Function asset made by `gpu_function`, evaluated together in one step
+    (one look at the table, one process at most: none when the run's steps run in its worker).
 
     Args:
         asset: the Function asset.
@@ -33,40 +34,44 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
         >>> @gpu_function(table="docs", column="n_chars", on_error="skip")
         ... def n_chars(text: str) -> int:
         ...     return len(text)
-        >>> [c.check_key.name for c in function_checks(n_chars, max_failed_fraction=0.01)]
-        ['no_unfilled_rows', 'failed_rows_below_threshold']
+        >>> sorted(k.name for c in function_checks(n_chars, max_failed_fraction=0.01) for k in c.check_keys)
+        ['failed_rows_below_threshold', 'no_unfilled_rows']
     """
     function = function_of(asset)
     if function is None:
         raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
                                       "column to check")
     sig = f"`{function.sig_column}`"
+    unfilled = dg.AssetCheckSpec("no_unfilled_rows", asset=asset.key, blocking=False,
+                                 description="Every row has a value: none appended since the last refresh, none failed.")
+    failed = dg.AssetCheckSpec("failed_rows_below_threshold", asset=asset.key, blocking=False,
+                               description=f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt.")
 
-    @dg.asset_check(asset=asset.key, name="no_unfilled_rows", blocking=False,
-                    description="Every row has a value: none appended since the last refresh, none failed.")
-    def _unfilled(lancedb: LanceDBResource) -> dg.AssetCheckResult:
+    @dg.multi_asset_check(specs=[unfilled, failed], name=f"{function.name}_checks", can_subset=True)
+    def _checks(context: dg.AssetCheckExecutionContext, lancedb: LanceDBResource) -> Iterator[dg.AssetCheckResult]:
+        selected = {key.name for key in context.selected_asset_check_keys}
         table = lancedb.connect().open_table(function.table)
-        if function.sig_column not in table.schema.names:
-            return dg.AssetCheckResult(passed=False, metadata={"unfilled_rows": table.count_rows()},
-                                       description="the column has never been refreshed")
-        never = table.count_rows(f"{sig} IS NULL")
-        failed = table.count_rows(f"{sig} = {FAILED}")
-        return dg.AssetCheckResult(passed=never + failed == 0, severity=dg.AssetCheckSeverity.WARN,
-                                   metadata={"unfilled_rows": never + failed, "never_computed_rows": never,
-                                             "failed_rows": failed, "rows": table.count_rows()})
-
-    @dg.asset_check(asset=asset.key, name="failed_rows_below_threshold", blocking=False,
-                    description=f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt.")
-    def _failed(lancedb: LanceDBResource) -> dg.AssetCheckResult:
-        table = lancedb.connect().open_table(function.table)
-        if function.sig_column not in table.schema.names:
-            return dg.AssetCheckResult(passed=True, description="not refreshed yet")
         rows = table.count_rows()
-        failed = table.count_rows(f"{sig} = {FAILED}")
-        fraction = failed / rows if rows else 0.0
-        return dg.AssetCheckResult(passed=fraction <= max_failed_fraction,
-                                   metadata={"failed_rows": failed, "rows": rows,
-                                             "failed_fraction": dg.FloatMetadataValue(round(fraction, 6)),
-                                             "threshold": dg.FloatMetadataValue(max_failed_fraction)})
+        if function.sig_column not in table.schema.names:
+            if "no_unfilled_rows" in selected:
+                yield dg.AssetCheckResult(check_name="no_unfilled_rows", passed=False, metadata={"unfilled_rows": rows},
+                                          description="the column has never been refreshed")
+            if "failed_rows_below_threshold" in selected:
+                yield dg.AssetCheckResult(check_name="failed_rows_below_threshold", passed=True,
+                                          description="not refreshed yet")
+            return
+        failed_rows = table.count_rows(f"{sig} = {FAILED}")
+        if "no_unfilled_rows" in selected:
+            never = table.count_rows(f"{sig} IS NULL")
+            yield dg.AssetCheckResult(check_name="no_unfilled_rows", passed=never + failed_rows == 0,
+                                      severity=dg.AssetCheckSeverity.WARN,
+                                      metadata={"unfilled_rows": never + failed_rows, "never_computed_rows": never,
+                                                "failed_rows": failed_rows, "rows": rows})
+        if "failed_rows_below_threshold" in selected:
+            fraction = failed_rows / rows if rows else 0.0
+            yield dg.AssetCheckResult(check_name="failed_rows_below_threshold", passed=fraction <= max_failed_fraction,
+                                      metadata={"failed_rows": failed_rows, "rows": rows,
+                                                "failed_fraction": dg.FloatMetadataValue(round(fraction, 6)),
+                                                "threshold": dg.FloatMetadataValue(max_failed_fraction)})
 
-    return [_unfilled, _failed]
+    return [_checks]

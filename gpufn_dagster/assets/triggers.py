@@ -13,12 +13,14 @@ materializations), so a table created by Materialize all does not start a second
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Sequence
 
 import dagster as dg
 import lance
 
 from ..errors import FunctionDefinitionError
+from ..run.executor import gpu_classes_executor
 from ..tags import (COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
 from .asset_spec import function_of
@@ -146,6 +148,42 @@ def _names(targets: Sequence[dg.AssetsDefinition | str]) -> list[str]:
     return [t.key.to_user_string() if isinstance(t, dg.AssetsDefinition) else t for t in targets]
 
 
+# Changes of at most this many rows refresh with the run's steps in its run worker (`in_process_rows`).
+IN_PROCESS_ROWS = 10_000
+
+
+def appended_rows(dataset: lance.LanceDataset, base: int, operations: Sequence[tuple[str, str]]) -> int | None:
+    """How many rows the commits after version `base` added, when every data change among them is
+    an append; None when one updated or deleted rows (how many it touched is not in the metadata)."""
+    if any(op not in ("Append", *_NO_DATA_CHANGE, "Merge", "DataReplacement") for op, _ in operations):
+        return None
+    return dataset.count_rows() - dataset.checkout_version(base).count_rows()
+
+
+def in_process_config(context: dg.SensorEvaluationContext, job_name: str, targets: Sequence[dg.AssetsDefinition | str],
+                      rows: int | None, limit: int) -> dict:
+    """The run config of a refresh of `rows` changed rows: its steps in the run worker's own process
+    (gpufn's executor option `in_process`) when they are at most `limit` -- a small refresh then pays
+    no step start -- and every GPU Function among the targets can compute in its slot's process;
+    else none (each step a process of its own, in parallel).
+
+    >>> in_process_config(None, "docs_changed_job", [], rows=None, limit=10_000)
+    {}
+    """
+    if rows is None or rows > limit or context is None or context.repository_def is None:
+        return {}
+    if context.repository_def.get_job(job_name).executor_def.name != gpu_classes_executor.name:
+        return {}  # another executor: it has no in_process option
+    for target in _resolved(context, targets):
+        function = function_of(target) if isinstance(target, dg.AssetsDefinition) else None
+        if function is not None and function.gpu:
+            try:
+                pickle.dumps(function)
+            except Exception:  # a closure: it computes in its step's process (`refresh.warm.warm_instances`)
+                return {}
+    return {"execution": {"config": {"in_process": True}}}
+
+
 def refresh_schedule(
     name: str,
     cron: str,
@@ -184,6 +222,7 @@ def table_sensor(
     name: str | None = None,
     minimum_interval_seconds: int = 30,
     running: bool = False,
+    in_process_rows: int = IN_PROCESS_ROWS,
 ) -> dg.SensorDefinition:
     """Refresh `targets` when rows of `table` are added, updated or deleted.
 
@@ -194,8 +233,11 @@ def table_sensor(
         table: the LanceDB table to watch (its Lance version is the sensor's cursor).
         targets: the Function and view assets (or asset names) to refresh.
         name: the sensor's name (default `<table>_changed`).
-        minimum_interval_seconds: how often it looks at the table's version.
+        minimum_interval_seconds: how often it looks at the table's version (the daemon looks every 5 s at most).
         running: whether the sensor starts running (default: stopped until turned on in the UI).
+        in_process_rows: appends of at most this many rows refresh with the run's steps in its run
+            worker's own process (`in_process`), which spares a small refresh every step's process
+            start; larger changes, updates and deletes run each step in its own process. 0: never.
 
     Example:
         >>> sensor = table_sensor("docs", ["docs__embedding"], minimum_interval_seconds=15)
@@ -232,9 +274,11 @@ def table_sensor(
             return dg.SensorResult(skip_reason=dg.SkipReason(
                 f"table {table!r} versions {base + 1}..{version} changed no rows (gpufn refreshes, maintenance)"),
                 cursor=str(version))
+        rows = appended_rows(dataset, base, operations_since(dataset, base)) if base >= 0 else None
         return dg.SensorResult(
             run_requests=[dg.RunRequest(run_key=f"{table}@v{version}",
-                                        tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)})],
+                                        tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)},
+                                        run_config=in_process_config(context, job.name, targets, rows, in_process_rows))],
             asset_events=_table_changed(context, resolved, table, dataset) if base >= 0 else [],
             cursor=str(version),
         )
@@ -264,6 +308,7 @@ def unfilled_rows_sensor(
     name: str | None = None,
     minimum_interval_seconds: int = 60,
     running: bool = False,
+    in_process_rows: int = IN_PROCESS_ROWS,
 ) -> dg.SensorDefinition:
     """Refresh a Function once at least `threshold` rows of its table are not computed yet.
 
@@ -276,6 +321,8 @@ def unfilled_rows_sensor(
         name: the sensor's name (default `<function>_unfilled`).
         minimum_interval_seconds: how often it counts unfilled rows.
         running: whether the sensor starts running (default: stopped until turned on in the UI).
+        in_process_rows: refreshes of at most this many unfilled rows run their steps in the run
+            worker's own process (see `table_sensor`). 0: never.
 
     Example:
         >>> from gpufn_dagster import gpu_function
@@ -305,6 +352,7 @@ def unfilled_rows_sensor(
         if unfilled < threshold:
             return dg.SkipReason(f"{unfilled:,} unfilled rows in {function.table!r}, below the threshold of {threshold:,}")
         return dg.RunRequest(run_key=f"{function.table}@v{table.version}:unfilled",
-                             tags={TABLE_TAG: function.table, UNFILLED_ROWS_TAG: str(unfilled)})
+                             tags={TABLE_TAG: function.table, UNFILLED_ROWS_TAG: str(unfilled)},
+                             run_config=in_process_config(context, job.name, [function_asset], unfilled, in_process_rows))
 
     return _sensor

@@ -5,7 +5,7 @@ from typing import Annotated
 
 import dagster as dg
 
-from ..assets.triggers import refresh_schedule, table_sensor
+from ..assets.triggers import IN_PROCESS_ROWS, refresh_schedule, table_sensor
 from ..function_spec.options import described
 
 
@@ -35,9 +35,15 @@ class TableSensor(dg.Component, dg.Resolvable):
     table: Annotated[str, described("The LanceDB table to watch.")]
     targets: Targets
     name: Annotated[str | None, described("The sensor's name (default '<table>_changed').")] = None
-    minimum_interval_seconds: Annotated[int, described("How often it looks at the table's version.")] = 30
+    minimum_interval_seconds: Annotated[int, described(
+        "How often it looks at the table's version (the daemon looks every 5 s at most).")] = 30
     running: Annotated[bool, described("Whether it starts running (default: stopped until turned on).")] = False
+    in_process_rows: Annotated[int, described(
+        "Appends of at most this many rows refresh with the run's steps in its run worker's own process (no step "
+        "process to start); larger changes, updates and deletes run each step in its own process. 0: never.")
+    ] = IN_PROCESS_ROWS
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return dg.Definitions(sensors=[table_sensor(self.table, self.targets, name=self.name, running=self.running,
-                                                    minimum_interval_seconds=self.minimum_interval_seconds)])
+                                                    minimum_interval_seconds=self.minimum_interval_seconds,
+                                                    in_process_rows=self.in_process_rows)])

@@ -192,3 +192,38 @@ def test_unfilled_rows_sensor_waits_for_the_threshold(db_uri, upper_asset):
         defs = build_definitions(assets=[upper_asset], db_uri=db_uri)
         assert dg.materialize([upper_asset], resources=defs.resources, instance=instance).success
         assert "0 unfilled rows" in evaluate(sensor, instance, db_uri, None).skip_message
+
+
+def _closure_function():
+    def shout_closure(text: str) -> str:
+        return text.upper()
+
+    return shout_closure
+
+
+def test_sensor_runs_small_appends_in_process_and_larger_changes_in_step_processes(db_uri, upper_asset):
+    """Appends of at most `in_process_rows` rows ask gpufn's executor for `in_process`; more rows,
+    a delete, or a GPU Function that cannot leave its step's process (a closure) do not."""
+    add_docs(db_uri, 0, 10)
+    closure = gpu_function(table="docs", column="closed", gpu_class="l4")(_closure_function())
+    sensor = table_sensor("docs", [upper_asset], in_process_rows=5)
+    closure_sensor = table_sensor("docs", [closure], name="closure_changed", in_process_rows=5)
+    defs = build_definitions(assets=[upper_asset, closure], sensors=[sensor, closure_sensor], db_uri=db_uri)
+    repository = defs.get_repository_def()
+
+    def tick(which: dg.SensorDefinition, cursor: str) -> dg.RunRequest:
+        context = dg.build_sensor_context(instance=instance, cursor=cursor, repository_def=repository,
+                                          resources={"lancedb": LanceDBResource(uri=db_uri)})
+        (request,) = which.evaluate_tick(context).run_requests
+        return request
+
+    with instance_for_test() as instance:
+        version = lancedb.connect(db_uri).open_table("docs").version
+        add_docs(db_uri, 10, 5)
+        assert tick(sensor, str(version)).run_config == {"execution": {"config": {"in_process": True}}}
+        assert tick(closure_sensor, str(version)).run_config == {}  # its closure would fail in the run worker
+        add_docs(db_uri, 15, 1)
+        assert tick(sensor, str(version)).run_config == {}  # 6 rows since the cursor, above 5
+        version = lancedb.connect(db_uri).open_table("docs").version
+        lancedb.connect(db_uri).open_table("docs").delete("id = 3")
+        assert tick(sensor, str(version)).run_config == {}  # how many rows a delete touched is unknown
