@@ -183,21 +183,28 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
               help="An object-store setting as Lance takes it (aws_endpoint=..., allow_http=true); repeatable. "
                    "Credentials are best left to the AWS_* environment variables.")
 def append_docs(rows: int, db: str, storage_options: tuple[str, ...]) -> None:
-    """Append sample documents to the example's `docs` table (the sensor then starts a refresh)."""
-    import lancedb
+    """Append sample documents to the example's `docs` table (the sensor then starts a refresh).
+
+    It writes through Lance itself, as a pipeline landing new data would: importing lancedb (for its
+    remote client's generated models) takes seconds, longer than a small append.
+    """
+    import lance
+    import pyarrow.compute as pc
 
     from .sample import sample_docs
-
-    import pyarrow.compute as pc
 
     options = dict(option.split("=", 1) for option in storage_options if "=" in option)
     bad = [option for option in storage_options if "=" not in option]
     if bad:
         raise click.BadParameter(f"{bad[0]!r} is not KEY=VALUE", param_hint="--storage-option")
-    table = lancedb.connect(db, storage_options=options or None).open_table("docs")
-    ids = table.to_lance().to_table(columns=["id"]).column("id")
-    table.add(sample_docs(rows, start_id=(pc.max(ids).as_py() or -1) + 1))
-    click.echo(f"appended {rows} documents to {db}/docs (now {table.count_rows():,} rows, version {table.version})")
+    uri = f"{db.rstrip('/')}/docs.lance"
+    try:
+        dataset = lance.dataset(uri, storage_options=options or None)
+    except ValueError as err:  # Lance's "Dataset at path ... was not found"
+        raise click.ClickException(f"no table docs in {db}: materialize the example's `docs` asset first") from err
+    ids = dataset.to_table(columns=["id"]).column("id")
+    dataset = lance.write_dataset(sample_docs(rows, start_id=(pc.max(ids).as_py() or -1) + 1), dataset, mode="append")
+    click.echo(f"appended {rows} documents to {db}/docs (now {dataset.count_rows():,} rows, version {dataset.version})")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ class WorkerFigures:
     devices: tuple[str, ...]  # the GPUs the worker(s) saw (none: the CPU)
     gpu_seconds: float | None  # wall time x GPUs of the work that saw a GPU (None: no worker ran)
     batch_rows_largest: int | None = None
+    first_call_seconds: float | None = None  # of `first_values_seconds`, the call that computed them
 
     @classmethod
     def of(cls, function: Function, result: RefreshResult) -> WorkerFigures:
@@ -120,7 +121,8 @@ class WorkerFigures:
         return cls(result.wall_seconds, result.rows_computed, result.rows_per_second,
                    result.busy_fraction if result.first_values_seconds is not None else None, result.load_seconds,
                    result.first_values_seconds, result.devices, result.wall_seconds * function.gpu_count,
-                   result.batch_rows_largest if result.first_values_seconds is not None else None)
+                   result.batch_rows_largest if result.first_values_seconds is not None else None,
+                   result.first_call_seconds)
 
 
 def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult,
@@ -146,6 +148,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["load_seconds"] = dg.FloatMetadataValue(round(work.load_seconds, 2))
     if work.first_values_seconds is not None:
         metadata["first_values_seconds"] = dg.FloatMetadataValue(round(work.first_values_seconds, 2))
+    if work.first_call_seconds is not None:  # the rest of first_values_seconds is the engine's: plan, lease, reads
+        metadata["first_call_seconds"] = dg.FloatMetadataValue(round(work.first_call_seconds, 2))
     if work.busy_fraction is not None:
         metadata["busy_fraction"] = dg.FloatMetadataValue(round(work.busy_fraction, 3))
     if work.batch_rows_largest is not None:

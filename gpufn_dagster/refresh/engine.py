@@ -197,7 +197,7 @@ class ColumnRefresh:
                            wall_seconds=time.monotonic() - started, compute_seconds=progress.computing_seconds(),
                            busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures(),
                            first_values_at=None if first is None else time.time() - (time.monotonic() - first),
-                           devices=visible_gpus(gpu.devices))
+                           first_call_seconds=progress.first_call_seconds, devices=visible_gpus(gpu.devices))
 
     def commit_shards(self) -> RefreshResult:
         """Join the checkpoints the shards computed into fragment files and commit them once, never
@@ -305,6 +305,7 @@ class ColumnRefresh:
             oom_splits=worker.fit.splits, batch_rows_that_fit=worker.fit.rows, gpu=gpu.figures(),
             devices=visible_gpus(gpu.devices), batch_rows_largest=worker.sizer.largest,
             first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
+            first_call_seconds=progress.first_call_seconds,
             fragments_left=sum(r.incomplete for r in results), versions_published=published,
         )
 

@@ -122,6 +122,7 @@ class Attempt:
                 self.progress.busy_seconds += done - began
                 if self.progress.first_values_at is None:
                     self.progress.first_values_at = done
+                    self.progress.first_call_seconds = done - began
                 self.sizer.observe(inputs.num_rows, done - began, fits=self.fit.rows)
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ class Progress:
     loading_since: float | None = None  # set while it loads
     busy_seconds: float = 0.0  # spent inside the Function (its calls on rows, not its loading)
     first_values_at: float | None = None  # when the first computed values came back (kept across attempts)
+    first_call_seconds: float | None = None  # how long the call that brought them took
 
     def restart(self, rows_to_scan: int) -> None:
         """A new attempt (after a commit race) counts its rows from zero (it rescans them all, the

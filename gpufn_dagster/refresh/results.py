@@ -34,6 +34,7 @@ class RefreshResult:
     compute_seconds: float = 0.0  # computing rows, over every attempt, the load and the commit left out
     busy_seconds: float = 0.0  # of those, the time spent inside the Function
     first_values_seconds: float | None = None  # from the start to the first computed values (None: none computed)
+    first_call_seconds: float | None = None  # of those, the Function's call that computed them
     oom_splits: int = 0  # batches retried in halves after running out of device memory
     batch_rows_that_fit: int | None = None  # the most rows a call took after a split (None: no split)
     batch_rows_largest: int = 0  # the most rows one batch was sized to (the probe, then adapted)
@@ -93,6 +94,7 @@ class ShardResult:
     load_seconds: float
     gpu: Mapping[str, float] = field(default_factory=dict)
     first_values_at: float | None = None  # when its first computed values came back (epoch seconds)
+    first_call_seconds: float | None = None  # how long the call that computed them took
     devices: tuple[str, ...] = ()  # the GPUs its worker saw (none: it computed on a CPU)
 
     @property
