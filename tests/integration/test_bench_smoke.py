@@ -26,7 +26,8 @@ CASES = {
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000"], "| gpufn_incremental |", False),
     "signature_bench.py": (["--rows", "1000"], "| int64 |", False),
-    "sensor_refresh_bench.py": (["--appends", "1", "--rows", "5", "--table-rows", "20"], "| load each time / warm (p50)", False),
+    "sensor_refresh_bench.py": (["--appends", "1", "--rows", "5", "--table-rows", "20", "--sessions", "warm,load each time"],
+                                "| load each time / warm (p50)", False),
     "step_start_bench.py": (["--rounds", "1", "--rows", "10"], "| spawn / forkserver", False),
     "worker_bench.py": (["--rows", "64", "--repeat", "1", "--big-rows", "2000"], "| engine / bare |", False),
 }
