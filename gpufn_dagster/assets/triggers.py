@@ -13,13 +13,13 @@ materializations), so a table created by Materialize all does not start a second
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterable, Sequence
 
 import dagster as dg
 import lance
 
 from ..errors import FunctionDefinitionError
+from ..refresh.warm import unsendable
 from ..run.executor import gpu_classes_executor
 from ..tags import (COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
@@ -176,11 +176,8 @@ def in_process_config(context: dg.SensorEvaluationContext, job_name: str, target
         return {}  # another executor: it has no in_process option
     for target in _resolved(context, targets):
         function = function_of(target) if isinstance(target, dg.AssetsDefinition) else None
-        if function is not None and function.gpu:
-            try:
-                pickle.dumps(function)
-            except Exception:  # a closure: it computes in its step's process (`refresh.warm.warm_instances`)
-                return {}
+        if function is not None and function.gpu and unsendable(function) is not None:
+            return {}  # a closure: it computes in its step's process (`refresh.warm.warm_instances`)
     return {"execution": {"config": {"in_process": True}}}
 
 

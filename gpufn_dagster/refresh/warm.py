@@ -289,6 +289,24 @@ def _tail(log: Path) -> str:
     return lines[-1] if lines else "empty log"
 
 
+def unsendable(function: Function) -> str | None:
+    """Why `function` cannot be sent to its slot's own process (a closure, a lambda), or None when it can.
+
+    >>> import textwrap, pyarrow as pa
+    >>> from gpufn_dagster import make_function
+    >>> unsendable(make_function(textwrap.dedent, table="docs", column="d", output_type=pa.string())) is None
+    True
+    >>> same = make_function(lambda text: text, table="docs", column="same", output_type=pa.string())
+    >>> unsendable(same).startswith("its callable cannot be sent")
+    True
+    """
+    try:
+        pickle.loads(pickle.dumps(function))
+    except Exception as err:  # noqa: BLE001 -- whatever pickle raises is the reason
+        return f"its callable cannot be sent to a process of its own ({type(err).__name__}: {err})"
+    return None
+
+
 def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], None],
                    in_run_worker: bool = False) -> InstanceSource:
     """Where a step's refresh gets its Function's instance: the warm process of the local slot it
@@ -309,15 +327,13 @@ def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], N
     slot = Slot(gpu_class, held.slots[0], ",".join(held.devices), held.lock_dir / "warm")
 
     def source(function: Function) -> FunctionInstance:
-        try:
-            pickle.loads(pickle.dumps(function))
-        except Exception as err:
-            why = f"its callable cannot be sent to a process of its own ({type(err).__name__}: {err})"
+        why = unsendable(function)
+        if why is not None:
             if in_run_worker:
                 raise FunctionDefinitionError(
                     f"{function.name}: a GPU Function computes in its local slot's own process when the run's steps "
                     f"run in the run worker (execution.config.in_process), and {why}: define it at a module's top "
-                    "level, or run without in_process") from err
+                    "level, or run without in_process")
             say(f"{function.name}: loaded in this step, not kept warm: {why}; define it at a module's top level to "
                 "keep it warm")
             return FunctionInstance(function)
