@@ -310,12 +310,11 @@ def submit(workspace, *assets: str, tags: dict[str, str] | None = None, run_conf
 
 @contextmanager
 def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOCAL_DEFS, postgres_url: str | None = None,
-             warm: dict | None = None, warm_run_workers: bool = False, **settings):
+             warm: dict | None = None, warm_run_workers: bool = True, **settings):
     """The embedded coordinator on a real instance and workspace; class `default` gets `settings`,
     and `warm` as its `local.warm` block (default `{idle: 0}`: each step loads its Function itself,
     so a test of slots sees one process per step; a warm-instance test gives its own). Runs start
-    as the shipped deploy/dagster-embedded.yaml has them: through the code server, or in warm run
-    workers with `warm_run_workers`.
+    in warm run workers, as the shipped deploy/dagster-embedded.yaml has them (`warm_run_workers`).
     The instance is stored in SQLite files, or with `postgres_url` in that PostgreSQL database
     (dagster-postgres: runs, events, schedules and the concurrency pools), as on Kubernetes.
 

@@ -29,6 +29,20 @@ def pending(instance, pool: str = "gpu-default") -> list[str]:
             if p.assigned_timestamp is None]
 
 
+def holders(instance, pool: str = "gpu-default") -> list[str]:
+    return [s.run_id for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]
+
+
+def holder_and_waiter(instance, runs: set[str]) -> tuple[str, str]:
+    """(the run holding the pool's one slot, the run whose GPU step waits for it) of two runs launched
+    together: their run workers start side by side, so either may claim the slot first."""
+    wait_for(lambda: len(holders(instance)) == 1 and len(pending(instance)) == 1, timeout=180,
+             what="one run holding the slot, the other's GPU step waiting for it")
+    (holder,), (waiter,) = holders(instance), pending(instance)
+    assert {holder, waiter} == runs
+    return holder, waiter
+
+
 def succeeded_steps(instance, run_id: str) -> set[str]:
     return {e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
 
@@ -40,10 +54,9 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
     with embedded(tmp_path, monkeypatch, classes_dir, postgres_url=url, local={"slots": 1, "devices": ["3"]}) as (
             instance, workspace, queue_pass, open_gate):
         assert type(instance.run_storage).__name__ == ("PostgresRunStorage" if url else "SqliteRunStorage")
-        first = submit(workspace, "docs__slow")
-        second = submit(workspace, "docs__slow")
+        runs = {submit(workspace, "docs__slow"), submit(workspace, "docs__slow")}
         queue_pass()  # launches both: a run whose GPU step must wait still starts
-        wait_for(lambda: pending(instance) == [second], timeout=180, what="second run's GPU step waiting for the slot")
+        first, second = holder_and_waiter(instance, runs)
         assert instance.get_run_by_id(second).status == DagsterRunStatus.STARTED  # never failed, never on CPU
         # Dagster's own line: its executor writes it just after it records the step's pending claim.
         wait_for(lambda: "Step blocked by limit for pool gpu-default" in messages(instance, second), timeout=60,
@@ -86,10 +99,6 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         # The Function ran with its slot's device visible (class default: local.devices = ["3"]).
         values = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"]).open_table("docs").to_arrow().column("slow").to_pylist()
         assert values and all(v.endswith("@3") for v in values)
-
-
-def holders(instance, pool: str = "gpu-default") -> list[str]:
-    return [s.run_id for s in instance.event_log_storage.get_concurrency_info(pool).claimed_slots]
 
 
 def test_a_higher_priority_run_gets_the_freed_slot_first_and_the_other_run_is_told(tmp_path, monkeypatch, classes_dir):
@@ -154,10 +163,9 @@ def test_a_class_without_local_slots_refuses_its_runs_at_once(tmp_path, monkeypa
 def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_dir):
     with embedded(tmp_path, monkeypatch, classes_dir, local={"slots": 1}, max_wait="3s") as (
             instance, workspace, queue_pass, open_gate):
-        first = submit(workspace, "docs__slow")
-        second = submit(workspace, "docs__slow")
+        runs = {submit(workspace, "docs__slow"), submit(workspace, "docs__slow")}
         queue_pass()
-        wait_for(lambda: pending(instance) == [second], timeout=180, what="second run's GPU step waiting")
+        first, second = holder_and_waiter(instance, runs)
         since = min(p.enqueued_timestamp.timestamp() for p in
                     instance.event_log_storage.get_concurrency_info("gpu-default").pending_steps if p.run_id == second)
         queue_pass()  # a pass within max_wait (if the machine got here in time): it keeps waiting

@@ -39,11 +39,29 @@ def test_run_page_shows_the_wait_for_gpu_capacity(tmp_path):
         _wait_shown(port, db_uri, driver)
 
 
+def _wait_for_slot_taken(port: int, runs: set[str], timeout: float = 600) -> tuple[str, str]:
+    """(the run holding class default's only slot, the run whose step waits for it), from the pool as
+    Dagster's own GraphQL reports it."""
+    query = ('{ instance { concurrencyLimit(concurrencyKey: "gpu-default") '
+             '{ claimedSlots { runId } pendingSteps { runId assignedTimestamp } } } }')
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pool = graphql(port, query)["instance"]["concurrencyLimit"]
+        held = {s["runId"] for s in pool["claimedSlots"]}
+        waits = {s["runId"] for s in pool["pendingSteps"] if s["assignedTimestamp"] is None}
+        if len(held) == 1 and held | waits == runs:
+            return held.pop(), waits.pop()
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s waiting for one of {sorted(runs)} to hold the slot, the other to wait")
+
+
 def _wait_shown(port: int, db_uri: str, driver) -> None:
     # Enough documents that embedding them on CPU holds class default's only slot for a minute or more.
     lancedb.connect(db_uri).create_table("docs", sample_docs(15_000), storage_options=STABLE_ROW_IDS)
-    holder = launch(port, "docs__embedding")
-    waiting = launch(port, "docs__embedding")
+    launched = {launch(port, "docs__embedding"), launch(port, "docs__embedding")}
+    # Both start at once, so either may claim the slot first (their run workers start side by side):
+    # the one holding it is the holder, the other must wait.
+    holder, waiting = _wait_for_slot_taken(port, launched)
 
     # The run page, as it is: started, and its event log says its GPU step waits, for which
     # class, why, since when (the event's time) and behind whom.

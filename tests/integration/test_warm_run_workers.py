@@ -61,7 +61,7 @@ def column(name: str) -> list:
 
 def test_a_run_starts_in_the_worker_started_before_it_and_its_steps_fork_from_that_workers_forkserver(
         tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, warm_run_workers=True) as (instance, workspace, queue_pass, open_gate):
+    with embedded(tmp_path, monkeypatch, classes_dir) as (instance, workspace, queue_pass, open_gate):
         first = submit(workspace, "docs__size")
         assert finish(instance, queue_pass, first).status == DagsterRunStatus.SUCCESS
         assert "No warm run worker of this code location was waiting" in said(instance, first)
@@ -106,7 +106,7 @@ defs = build_definitions(assets=[marked])
 def test_a_warm_worker_whose_code_changed_since_it_loaded_runs_the_new_code(tmp_path, monkeypatch, classes_dir):
     defs = tmp_path / "mark_defs.py"
     defs.write_text(MARK_DEFS.format(mark="!"))
-    with embedded(tmp_path, monkeypatch, classes_dir, defs=defs, warm_run_workers=True) as (instance, workspace, queue_pass, _open):
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=defs) as (instance, workspace, queue_pass, _open):
         first = submit(workspace, "docs__marked")
         assert finish(instance, queue_pass, first).status == DagsterRunStatus.SUCCESS
         assert column("marked") == [f"d{i}!" for i in range(6)]
@@ -121,7 +121,7 @@ def test_a_warm_worker_whose_code_changed_since_it_loaded_runs_the_new_code(tmp_
 
 
 def test_terminating_a_run_in_a_warm_worker_cancels_it_and_ends_its_processes(tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, warm_run_workers=True) as (instance, workspace, queue_pass, _open):
+    with embedded(tmp_path, monkeypatch, classes_dir) as (instance, workspace, queue_pass, _open):
         run_id = submit(workspace, "docs__slow")
         wait_for(lambda: (queue_pass(), (Path(os.environ["GPUFN_TEST_GATES"]) / "ticket-1").exists())[1],
                  timeout=180, what="docs__slow computing")
@@ -140,7 +140,7 @@ def test_terminating_a_run_in_a_warm_worker_cancels_it_and_ends_its_processes(tm
 
 
 def test_no_warm_worker_outlives_its_instance(tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, warm_run_workers=True) as (instance, workspace, queue_pass, _open):
+    with embedded(tmp_path, monkeypatch, classes_dir) as (instance, workspace, queue_pass, _open):
         assert finish(instance, queue_pass, submit(workspace, "docs__size")).status == DagsterRunStatus.SUCCESS
         waiting = ready_worker(instance).process.pid
         assert waiting in running_module(MODULE)
@@ -148,7 +148,7 @@ def test_no_warm_worker_outlives_its_instance(tmp_path, monkeypatch, classes_dir
 
 
 def test_a_run_that_starts_its_steps_otherwise_stops_the_forkserver_started_ahead(tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, warm_run_workers=True) as (instance, workspace, queue_pass, _open):
+    with embedded(tmp_path, monkeypatch, classes_dir) as (instance, workspace, queue_pass, _open):
         assert finish(instance, queue_pass, submit(workspace, "docs__size")).status == DagsterRunStatus.SUCCESS
         ready_worker(instance)
         add_rows(6, 2)
@@ -160,7 +160,7 @@ def test_a_run_that_starts_its_steps_otherwise_stops_the_forkserver_started_ahea
 
 def test_a_run_in_process_computes_its_gpu_function_on_the_slots_process_and_its_cpu_steps_in_the_worker(
         tmp_path, monkeypatch, classes_dir):
-    with embedded(tmp_path, monkeypatch, classes_dir, warm_run_workers=True) as (instance, workspace, queue_pass, open_gate):
+    with embedded(tmp_path, monkeypatch, classes_dir) as (instance, workspace, queue_pass, open_gate):
         (Path(os.environ["GPUFN_TEST_GATES"]) / "open-all").touch()
         run_id = submit(workspace, "docs__slow", "docs__size", run_config=IN_PROCESS)
         assert finish(instance, queue_pass, run_id).status == DagsterRunStatus.SUCCESS
