@@ -7,8 +7,9 @@
    cores are not the limit). The instance is the shipped embedded one: its run launcher starts
    each run in a warm run worker, and each slot keeps the Function's instance warm (a warm-up run
    over every slot first, as a session's first run finds neither).
-   Reported: wall time of the run (from launch to its end, Dagster's start-up included) and of its
-   shard phase (first shard start to last shard end), and the speed-up over N = 1.
+   Reported: wall time of the run (from launch to its end, Dagster's start-up included) as this
+   loop sees it (polled) and as Dagster records it (creation to end), and of its shard phase (first
+   shard start to last shard end), and the speed-up over N = 1 of each.
 2. `storage`: the same refresh (`refresh_column`, a trivial batch Function) of the same table on a
    local directory and on the object store (SeaweedFS on this machine, S3 API): rows/s of each and
    the ratio.
@@ -118,17 +119,22 @@ def fanout(rows: int, workers: list[int]) -> list[dict]:
             while not all(w.ready() for w in instance.run_launcher.waiting) and time.monotonic() < wait:
                 time.sleep(0.5)
             run_id, wall = run(n)
+            record = instance.get_run_record_by_id(run_id)
             starts = [e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
                       if "_shard[" in (e.step_key or "")]
             ends = [e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)
                     if "_shard[" in (e.step_key or "")]
             results.append({"workers": n, "rows": rows, "run_seconds": round(wall, 2),
+                            # Dagster's own record of the run: from its creation to its end, without this
+                            # loop's 0.2 s polls and queue-daemon passes (up to ~0.3 s on every run).
+                            "run_recorded_seconds": round(record.end_time - record.create_timestamp.timestamp(), 2),
                             "shard_phase_seconds": round(max(ends) - min(starts), 2),
                             "device_seconds": round(rows / BATCH * SLEEP, 1)})
             print(results[-1], flush=True)
     one = results[0]
     for r in results:
         r["speedup_run"] = round(one["run_seconds"] / r["run_seconds"], 2)
+        r["speedup_run_recorded"] = round(one["run_recorded_seconds"] / r["run_recorded_seconds"], 2)
         r["speedup_shards"] = round(one["shard_phase_seconds"] / r["shard_phase_seconds"], 2)
     shutil.rmtree(base, ignore_errors=True)
     return results
@@ -214,11 +220,12 @@ def main() -> None:
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "fanout.json").write_text(json.dumps(results, indent=2))
     if "fanout" in results:
-        print("\n| workers | run s | shard phase s | device s (1 worker) | speed-up (run) | speed-up (shards) |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("\n| workers | run s (polled) | run s (recorded) | shard phase s | device s (1 worker) | speed-up (run, polled) "
+              "| speed-up (run, recorded) | speed-up (shards) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in results["fanout"]:
-            print(f"| {r['workers']} | {r['run_seconds']} | {r['shard_phase_seconds']} | {r['device_seconds']} | "
-                  f"{r['speedup_run']} | {r['speedup_shards']} |")
+            print(f"| {r['workers']} | {r['run_seconds']} | {r['run_recorded_seconds']} | {r['shard_phase_seconds']} | "
+                  f"{r['device_seconds']} | {r['speedup_run']} | {r['speedup_run_recorded']} | {r['speedup_shards']} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ it says so in the run's log and replaces itself (`exec`) by a fresh `dagster api
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import sysconfig
@@ -26,7 +27,7 @@ from pathlib import Path
 from dagster import DagsterInstance, deserialize_value
 
 from ..dagster_private import (EngineEventData, ExecuteRunArgs, InstanceRef, RepositoryPythonOrigin, execute_run_main,
-                               recon_repository_from_origin, set_snowflake_partner_env_var)
+                               recon_repository_from_origin, reuse_alembic_scripts, set_snowflake_partner_env_var)
 from . import forkserver
 from .executor import default_preloads
 
@@ -72,11 +73,13 @@ def prepare(origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_
         recon_repository_from_origin(origin).get_definition()
     except Exception:  # noqa: BLE001 -- the run reports it
         pass
+    reuse_alembic_scripts()  # the run opens the instance again: its schema checks reuse what this one loads
     with DagsterInstance.from_ref(instance_ref) as instance:
         instance.inject_env_vars(location_name)
     set_snowflake_partner_env_var()
     os.environ[forkserver.STEP_PRELOAD_ENV] = forkserver.preload_spec(instance_ref)
     forkserver.start_ahead(default_preloads())
+    gc.freeze()  # what it loaded lives as long as it does: the run's collections need not walk it again
     return loaded_files()
 
 

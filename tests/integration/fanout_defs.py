@@ -5,7 +5,8 @@ The Function logs every row it computes, with the device its slot gave it and it
 `$GPUFN_TEST_LOG`; it kills its own process once (SIGKILL) when it meets the row named by
 `$GPUFN_TEST_KILL_AT` and `$GPUFN_TEST_KILLED` does not exist yet, and always fails on the row
 named by `$GPUFN_TEST_FAIL_AT`. With `$GPUFN_TEST_PARENTS` (a file), each worker process writes
-its pid and its parent's there once, so a test sees how the executor started it. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
+its pid, its parent's and how many objects its garbage collector leaves alone (`gc.get_freeze_count`)
+there once, so a test sees how the executor started it. With `$GPUFN_TEST_BARRIER` (a directory), each worker process waits
 at its first row until 4 processes have arrived: all 4 shards then hold their slots at once.
 
 The Function reads a module global whose value differs in every process (`_LOADED_BY`, the pid
@@ -13,6 +14,7 @@ that imported it), as `DEVICE = "cuda" if ... else "cpu"` differs between a CPU 
 plan, each shard and the commit still agree on its version.
 """
 
+import gc
 import os
 import signal
 import time
@@ -42,7 +44,7 @@ def shout(text: str) -> str:
     global _said_parent
     if os.environ.get("GPUFN_TEST_PARENTS") and not _said_parent:
         with open(os.environ["GPUFN_TEST_PARENTS"], "a") as parents:
-            parents.write(f"{os.getpid()}|{os.getppid()}\n")
+            parents.write(f"{os.getpid()}|{os.getppid()}|{gc.get_freeze_count()}\n")
         _said_parent = True
     if os.environ.get("GPUFN_TEST_BARRIER"):
         _meet_the_others(os.environ["GPUFN_TEST_BARRIER"])

@@ -141,30 +141,33 @@ def test_shard_steps_fork_from_a_preloaded_forkserver_unless_the_run_asks_for_sp
                                                                                     classes_dir):
     """build_definitions' executor starts a run's step processes from a forkserver that imported the
     engine once (Dagster's `forkserver` start method); `start_method: {spawn: {}}` in the run's
-    executor config still gives a fresh interpreter per step, children of the run worker itself."""
+    executor config still gives a fresh interpreter per step, children of the run worker itself.
+    The forkserver froze what it preloaded (`gc.freeze`), so a forked step's garbage collections
+    leave that heap alone; a spawned step has nothing frozen."""
     parents = tmp_path / "parents.log"
     with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=8000,
                 GPUFN_TEST_PARENTS=str(parents)) as (instance, run, log):
-        def started(run_id: str) -> tuple[int, set[int]]:
-            """(the run worker's pid, the parents of the processes that computed rows)"""
+        def started(run_id: str) -> tuple[int, set[int], list[int]]:
+            """(the run worker's pid, the parents of the processes that computed rows, their frozen objects)"""
             (executing,) = [e for e in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
                             if "Executing steps using multiprocess executor" in (e.message or "")]
             worker = int(executing.dagster_event.engine_event_data.metadata["pid"].value)
             lines = [line.split("|") for line in parents.read_text().splitlines()]
             parents.unlink()
             assert len(lines) == 4, lines  # one line per shard process
-            return worker, {int(parent) for _, parent in lines}
+            return worker, {int(parent) for _, parent, _ in lines}, [int(frozen) for *_, frozen in lines]
 
         done = run()
         assert done.status == DagsterRunStatus.SUCCESS, messages(instance, done.run_id)[-3000:]
-        worker, forked_from = started(done.run_id)
+        worker, forked_from, frozen = started(done.run_id)
         assert len(forked_from) == 1 and worker not in forked_from  # one forkserver, not the worker
+        assert min(frozen) > 100_000, frozen  # Dagster, Arrow, Lance and the engine: left out of the steps' collections
         lancedb.connect(db_uri).open_table("docs").add(pa.table({"id": list(range(8000, 16000)),
                                                                   "text": [f"doc {i}" for i in range(8000, 16000)]}))
         spawned = run(run_config={"execution": {"config": {"start_method": {"spawn": {}}}}})
         assert spawned.status == DagsterRunStatus.SUCCESS, messages(instance, spawned.run_id)[-3000:]
-        worker, spawned_by = started(spawned.run_id)
-        assert spawned_by == {worker}
+        worker, spawned_by, frozen = started(spawned.run_id)
+        assert spawned_by == {worker} and frozen == [0] * 4
         assert len(calls(log)) == 16000  # each row once over both runs
 
 
