@@ -46,4 +46,4 @@ def test_an_instance_opened_again_reuses_the_loaded_alembic_scripts_and_checks_t
     assert fresh["counts"][1] > fresh["counts"][0]  # without it, every open loads them again
     # The same (database revision, head revision) of each storage, up to date, in both processes.
     assert reused["versions"] == fresh["versions"] == [reused["versions"][0]] * 2
-    assert all(db == head and head for storage in reused["versions"][0] for db, head in [storage])
+    assert all(head and db == head for db, head in reused["versions"][0])
