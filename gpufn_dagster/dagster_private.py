@@ -7,6 +7,10 @@ one, this is the one file to change, and `tests/unit/test_layout.py` keeps it th
 # the Python object for the code that reads it back; no public MetadataValue holds an object.
 from dagster._core.definitions.metadata.metadata_value import ObjectMetadataValue
 
+# The tag that gives an observation its data version: an observation reported from a sensor (not
+# from an observable source asset's function) carries it only as this tag; no public name.
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
 # The metadata of an engine event (`instance.report_engine_event`, `DagsterEvent.engine_event`),
 # the only way a launcher, coordinator or sensor writes a table of facts into a run's log.
 from dagster._core.events import EngineEventData
@@ -80,7 +84,7 @@ def execute_run_main(input_json: str) -> None:
     execute_run_command.callback(input_json, None)
 
 
-__all__ = ["EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryPythonOrigin", "execute_run_main",
+__all__ = ["DATA_VERSION_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryPythonOrigin", "execute_run_main",
            "reuse_alembic_scripts",
            "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "multiple_process_executor_requirements", "process_config"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import pyarrow as pa
@@ -13,11 +14,18 @@ _TOPICS = {
 _VERBS = {"en": ("computes", "fills", "schedules", "waits for", "refreshes", "stores"),
           "fr": ("calcule", "remplit", "planifie", "attend", "rafraîchit", "stocke")}
 
-DOCS_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("text", pa.string())])
+DOCS_SCHEMA = pa.schema([("id", pa.int64()), ("lang", pa.string()), ("text", pa.string()), ("day", pa.date32())])
+FIRST_DAY = datetime.date(2026, 11, 1)  # the day of document 0: the example's daily partitions start here
+DOCS_PER_DAY = 100
 
 
 def sample_docs(rows: int, *, start_id: int = 0, seed: int = 7) -> pa.Table:
-    """`rows` short documents in English and French with ids from `start_id`."""
+    """`rows` short documents in English and French with ids from `start_id`; document `i` is of day
+    `FIRST_DAY + i // DOCS_PER_DAY` (the partition column of the README's daily partitions).
+
+    >>> sample_docs(2, start_id=199).column("day").to_pylist()
+    [datetime.date(2026, 11, 2), datetime.date(2026, 11, 3)]
+    """
     rng = random.Random(seed + start_id)
     ids, langs, texts = [], [], []
     for i in range(start_id, start_id + rows):
@@ -28,4 +36,5 @@ def sample_docs(rows: int, *, start_id: int = 0, seed: int = 7) -> pa.Table:
         ids.append(i)
         langs.append(lang)
         texts.append(sentence + ".")
-    return pa.table({"id": ids, "lang": langs, "text": texts}, schema=DOCS_SCHEMA)
+    days = [FIRST_DAY + datetime.timedelta(days=i // DOCS_PER_DAY) for i in ids]
+    return pa.table({"id": ids, "lang": langs, "text": texts, "day": days}, schema=DOCS_SCHEMA)

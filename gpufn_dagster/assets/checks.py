@@ -6,9 +6,13 @@ Both read the table as it is now, so they hold across runs:
   failed in their last attempt (under on_error="skip"; the next refresh retries them). It should
   be zero right after a refresh in which nothing failed.
 - failed rows: rows whose last computation failed, as a fraction of the table, against a threshold.
+
+A partitioned Function's checks are partitioned alike (Dagster's partitioned asset checks, a
+preview in Dagster 1.13): each looks at its partition's slice of the table only.
 """
 
 
+import warnings
 from collections.abc import Iterator, Sequence
 
 import dagster as dg
@@ -17,6 +21,7 @@ from ..errors import FunctionDefinitionError
 from ..refresh.signature import FAILED
 from .asset_spec import function_of
 from .resources import LanceDBResource
+from .run_slice import run_slice
 
 
 def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 0.0) -> Sequence[dg.AssetChecksDefinition]:
@@ -42,17 +47,29 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
         raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
                                       "column to check")
     sig = f"`{function.sig_column}`"
-    unfilled = dg.AssetCheckSpec("no_unfilled_rows", asset=asset.key, blocking=False,
-                                 description="Every row has a value: none appended since the last refresh, none failed.")
-    failed = dg.AssetCheckSpec("failed_rows_below_threshold", asset=asset.key, blocking=False,
-                               description=f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt.")
+    partitions_def = function.partitioning.partitions_def if function.partitioning else None
+    with warnings.catch_warnings():  # partitioned checks are a preview; the warning would repeat on every load
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        unfilled = dg.AssetCheckSpec("no_unfilled_rows", asset=asset.key, blocking=False, partitions_def=partitions_def,
+                                     description="Every row has a value: none appended since the last refresh, none failed.")
+        failed = dg.AssetCheckSpec("failed_rows_below_threshold", asset=asset.key, blocking=False,
+                                   partitions_def=partitions_def, description=(
+                                       f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt."))
 
     @dg.multi_asset_check(specs=[unfilled, failed], name=f"{function.name}_checks", can_subset=True)
     def _checks(context: dg.AssetCheckExecutionContext, lancedb: LanceDBResource) -> Iterator[dg.AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        table = lancedb.connect().open_table(function.table)
-        rows = table.count_rows()
-        if function.sig_column not in table.schema.names:
+        files = lancedb.table_files(function.table)
+        where = run_slice(context.op_execution_context, function, files)
+        dataset = files.dataset()
+
+        def count(condition: str | None = None) -> int:
+            """Rows of the table (of the partition's slice) meeting the condition."""
+            both = [f"({c})" for c in (condition, where) if c is not None]
+            return dataset.count_rows(filter=" AND ".join(both) if both else None)
+
+        rows = count()
+        if function.sig_column not in dataset.schema.names:
             if "no_unfilled_rows" in selected:
                 yield dg.AssetCheckResult(check_name="no_unfilled_rows", passed=False, metadata={"unfilled_rows": rows},
                                           description="the column has never been refreshed")
@@ -60,9 +77,9 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
                 yield dg.AssetCheckResult(check_name="failed_rows_below_threshold", passed=True,
                                           description="not refreshed yet")
             return
-        failed_rows = table.count_rows(f"{sig} = {FAILED}")
+        failed_rows = count(f"{sig} = {FAILED}")
         if "no_unfilled_rows" in selected:
-            never = table.count_rows(f"{sig} IS NULL")
+            never = count(f"{sig} IS NULL")
             yield dg.AssetCheckResult(check_name="no_unfilled_rows", passed=never + failed_rows == 0,
                                       severity=dg.AssetCheckSeverity.WARN,
                                       metadata={"unfilled_rows": never + failed_rows, "never_computed_rows": never,

@@ -27,6 +27,7 @@ from ..tags import READS_METADATA_KEY
 from .asset_spec import declared_in, function_of, reads_metadata
 from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
+from .table_partitions import partitions_assets
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -114,6 +115,8 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
             problems.append(f"{where}Function {function.name!r}: field 'column': {', '.join(map(repr, taken))} of "
                             f"table {function.table!r} holds the table's own data, which the Function would "
                             "overwrite; choose another column name")
+        if function.partitioning is not None:
+            problems.extend(where + p for p in function.partitioning.problems(f"Function {function.name!r}", schema))
         for name in function.inputs:
             if name in columns and (reason := unsupported_reason(schema.field(name).type)):
                 problems.append(f"{where}Function {function.name!r}: field 'inputs': column {name!r} of table "
@@ -137,6 +140,10 @@ def build_definitions(
 ) -> dg.Definitions:
     """Definitions for Functions, views and ordinary assets sharing one LanceDB database.
 
+    Each Function reading another's column is chained after it (`chain_functions`), every table is
+    checked against its Functions (`check_tables`), and partitioned Functions get their table's
+    rows per partition as an external asset (`table_partitions`), unless `assets` defines it.
+
     Args:
         assets: Function assets (`gpu_function`, `function_asset`), views and any other assets.
         db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`): a local path or `s3://bucket/folder`.
@@ -151,8 +158,11 @@ def build_definitions(
     """
     database = LanceDBResource(uri=db_uri or default_db_uri(), storage_options=dict(storage_options or {}))
     check_tables(assets, database)
+    defined = {key for asset in assets for key in (asset.keys if isinstance(asset, dg.AssetsDefinition)
+                                                   else [getattr(asset, "key", None)])}
+    rows = [spec for spec in partitions_assets(_functions(assets).values()) if spec.key not in defined]
     return dg.Definitions(
-        assets=[with_table_uri(asset, database.uri) for asset in chain_functions(assets)],
+        assets=[*(with_table_uri(asset, database.uri) for asset in chain_functions(assets)), *rows],
         asset_checks=list(asset_checks),
         schedules=list(schedules),
         sensors=list(sensors),

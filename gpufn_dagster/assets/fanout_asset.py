@@ -37,6 +37,7 @@ from ..tags import GPU_COUNT_TAG, SHARD_TAG
 from .asset_spec import reads
 from .reporting import WorkerFigures, device_used, record_errors, refresh_metadata
 from .resources import LanceDBResource
+from .run_slice import run_slice
 from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
 
 SHARD_RETRIES = 3
@@ -49,9 +50,12 @@ def _token(context: dg.OpExecutionContext) -> str:
 
 def _column(context: dg.OpExecutionContext, lancedb: LanceDBResource, function: Function,
             **options: Any) -> ColumnRefresh:
-    """The engine for one step of the run: every step holds the refresh's lease under the run's token."""
-    return ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
-        lease_token=_token(context), holder=f"run {context.run.run_id}", on_wait=context.log.info, **options))
+    """The engine for one step of the run: every step holds the refresh's lease under the run's token,
+    and refreshes the run's partitions' slice (the same filter in every step: the keys are the run's)."""
+    files = lancedb.table_files(function.table)
+    return ColumnRefresh(files, function, RefreshOptions(
+        lease_token=_token(context), holder=f"run {context.run.run_id}", on_wait=context.log.info,
+        where=run_slice(context, function, files), **options))
 
 
 def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDefinition:
@@ -180,7 +184,8 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
 def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str],
                  pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
     """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
-    the Function assets whose columns it reads (a graph asset's dependencies are fixed when it is made).
+    the assets it runs after besides its table: the Function assets whose columns it reads, and a
+    partitioned Function's table rows per partition (a graph asset's dependencies are fixed when it is made).
     `class_now` reads the Function's GPU class as its files are when a step runs."""
     plan_op, shard_op, commit_op = (_plan_op(function, class_now, len(upstream)),
                                     _shard_op(function, class_now, tags, pool), _commit_op(function, class_now))
@@ -207,6 +212,8 @@ def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDe
         group_name=function.group_name,
         metadata=metadata,
         resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
+        partitions_def=function.partitioning.partitions_def if function.partitioning else None,
+        backfill_policy=function.backfill_policy,
     )
     def _refresh(**after):
         planned = plan_op(**after)

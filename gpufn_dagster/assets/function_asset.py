@@ -11,7 +11,8 @@ the asset and no registry outside the definitions can go stale or be silently re
 import inspect
 import logging
 import os
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,9 @@ import dagster as dg
 from ..classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
 from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.engine import ColumnRefresh, RefreshOptions
+from ..refresh.files import TableFiles
 from ..refresh.progress import Progress
+from ..refresh.results import RefreshResult
 from ..refresh.warm import warm_instances
 from ..run.executor import steps_in_this_process
 from ..run.slots import HeldSlots, step_slot
@@ -30,8 +33,11 @@ from ..tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_T
                     gpu_pool, gpu_tags)
 from .asset_spec import function_metadata, reads, reads_metadata
 from .fanout_asset import fanout_asset
-from .reporting import record_errors, refresh_metadata
+from .changed_partitions import unfilled_filter
+from .reporting import projection, record_errors, refresh_metadata
 from .resources import LanceDBResource
+from .run_slice import run_slice
+from .table_partitions import partitions_asset_key
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +101,7 @@ def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuC
                        if function.adapt_batch_size else f"{function.batch_size} (pinned)"),
         "on_error": function.on_error,
         **({"workers": function.workers} if function.workers > 1 else {}),
+        **({"partitioned_by": _partitioned_by(function)} if function.partitioning else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
         **_class_metadata(gpu_class),
         "dagster/column_schema": _column_schema(function),
@@ -105,14 +112,29 @@ def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuC
 
 
 
+def _partitioned_by(function: Function) -> str:
+    """The asset page's line on what a partition is."""
+    partitioning = function.partitioning
+    if partitioning.template is not None:
+        return f"filter {partitioning.template}"
+    return "column " + (partitioning.column if isinstance(partitioning.column, str) else
+                        ", ".join(f"{c} ({d})" for d, c in partitioning.column.items()))
+
+
 def run_config_schema(function: Function) -> dict[str, dg.Field]:
     """What a run may change of a one-worker Function (the Launchpad's `ops: <name>: config:`): only
     what changes no computed value and no placement, so a run can never make rows current under a
     version they were not computed with, or a pod the launcher did not place. GPU class and count,
     inputs, output and version are the definition's (they decide placement or values); `workers` is
     the asset's shape (a Function declared with workers > 1 takes it on its plan step). Any other
-    key is refused before the run starts, naming the Function's op and the key."""
+    key is refused before the run starts, naming the Function's op and the key. An unpartitioned
+    Function also takes `where`: a pilot of the rows a Lance filter selects."""
+    pilot = {} if function.partitioning is not None else {
+        "where": dg.Field(dg.Noneable(str), default_value=None, description=(
+            "A pilot: refresh only the rows this Lance filter selects (\"source = 'news'\"); they stay current, so "
+            "the full refresh skips them, and the run reports a projection for the rest of the table."))}
     return {
+        **pilot,
         "on_error": dg.Field(dg.Enum("OnError", [dg.EnumValue("fail"), dg.EnumValue("skip")]),
                              default_value=function.on_error, description=(
                                  "'fail' stops at the first failing row; 'skip' leaves it NULL and records it "
@@ -156,11 +178,38 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     def report(progress: Progress) -> None:
         context.log.info(f"{function.name}: {progress.line()}")
 
-    result = ColumnRefresh(lancedb.table_files(function.table), function, RefreshOptions(
-        report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}",
+    files = lancedb.table_files(function.table)
+    where = run_slice(context, function, files) or (context.op_execution_context.op_config or {}).get("where")
+    if where is not None:
+        label = f"partition {', '.join(context.partition_keys)}" if function.partitioning else "pilot"
+        context.log.info(f"{label}: the rows where {where}")
+    result = ColumnRefresh(files, function, RefreshOptions(
+        report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}", where=where,
         on_wait=context.log.info, instances=warm_instances(gpu_class, held, context.log.info, steps_in_this_process()))).refresh()
     record_errors(lancedb, function, result, context.run.run_id)
-    return dg.MaterializeResult(metadata=refresh_metadata(function, gpu_class, result))
+    metadata = refresh_metadata(function, gpu_class, result)
+    if where is not None:
+        metadata["partition_filter" if function.partitioning else "pilot_filter"] = where
+        metadata.update(_projected(context, function, gpu_class, result, files))
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def _projected(context: dg.AssetExecutionContext, function: Function, gpu_class: GpuClass | None,
+               result: RefreshResult, files: TableFiles) -> dict[str, Any]:
+    """After a slice (a partition, a pilot): what the rest of the table would take at this run's rate."""
+    dataset = files.dataset()
+    unfilled = unfilled_filter(function, dataset)
+    figures = projection(function, gpu_class, result.rows_computed, result.compute_seconds,
+                         dataset.count_rows(filter=unfilled))
+    if figures:
+        context.log.info(f"{function.name}: the rest of table {function.table!r}, {figures['projected_rows_left']:,} "
+                         f"rows not computed yet, would take {figures['projected_hours'].value:.2f} h"
+                         + (f" ({figures['projected_gpu_hours'].value:.2f} GPU-hours" if "projected_gpu_hours" in figures
+                            else "")
+                         + (f", ${figures['projected_cost_usd'].value:.2f})" if "projected_cost_usd" in figures
+                            else ")" if "projected_gpu_hours" in figures else "")
+                         + " at this run's rate")
+    return figures
 
 
 def _class_at_load(function: Function, classes_dir: ClassesDir) -> GpuClass | None:
@@ -209,13 +258,23 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None
+    # after the Functions it reads, and a partitioned one after its table's rows per partition
+    # (`table_partitions`), so a partition whose rows changed shows unsynced
+    after = [*(upstream or ()), *([partitions_asset_key(function)] if function.partitioning else [])]
     if function.workers > 1:
-        return fanout_asset(function, class_now, tags=tags, pool=pool, metadata=metadata,
-                            upstream=list(upstream or ()))
+        return fanout_asset(function, class_now, tags=tags, pool=pool, metadata=metadata, upstream=after)
 
+    with warnings.catch_warnings():  # `backfill_policy` is marked beta; the warning would repeat on every load
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _one_worker_asset(function, class_now, tags, pool, metadata, after)
+
+
+def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, str],
+                      pool: str | None, metadata: dict[str, Any],
+                      after: Sequence[dg.AssetKey]) -> dg.AssetsDefinition:
     @dg.asset(
         name=function.name,
-        deps=[dg.AssetKey(function.source_asset), *(upstream or ())],
+        deps=[dg.AssetKey(function.source_asset), *after],
         tags=tags,
         op_tags=tags,  # the GPU request: the launcher places the pod when a run launches
         kinds={"lance", "gpu" if function.gpu else "cpu"},
@@ -226,6 +285,8 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
         group_name=function.group_name,
         metadata=metadata,
         config_schema=run_config_schema(function),
+        partitions_def=function.partitioning.partitions_def if function.partitioning else None,
+        backfill_policy=function.backfill_policy,
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         return _materialize(context, lancedb, function, class_now)

@@ -167,3 +167,30 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
     if work.gpu_seconds is not None:
         metadata.update(gpu_billing(function, gpu_class, work.gpu_seconds, bool(work.devices), work.load_seconds))
     return metadata
+
+
+def projection(function: Function, gpu_class: GpuClass | None, rows_computed: int, compute_seconds: float,
+               rows_left: int) -> dict[str, Any]:
+    """A pilot's forecast for the rest of the table: the rows not computed yet, and the hours (GPU-hours
+    for a GPU Function) and cost they take at the rate just measured (rows per second of computing,
+    model loading left out: the full refresh loads once).
+
+    1,000 rows in 10 s of computing on 2 L4s at $0.80 an hour each; 360,000 rows left:
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> from gpufn_dagster.function_spec.functions import make_function
+    >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=2, price_per_gpu_hour=0.8)
+    >>> pair = make_function(lambda x: x, table="t", column="y", gpu_class="l4", gpu_count=2, output_type="int64")
+    >>> {k: getattr(v, "value", v) for k, v in projection(pair, l4, 1000, 10.0, 360_000).items()}
+    {'projected_rows_left': 360000, 'projected_hours': 1.0, 'projected_gpu_hours': 2.0, 'projected_cost_usd': 1.6}
+    """
+    if rows_computed <= 0 or compute_seconds <= 0:
+        return {}
+    hours = rows_left / (rows_computed / compute_seconds) / 3600
+    out: dict[str, Any] = {"projected_rows_left": rows_left, "projected_hours": dg.FloatMetadataValue(round(hours, 6))}
+    if function.gpu_count:
+        out["projected_gpu_hours"] = dg.FloatMetadataValue(round(hours * function.gpu_count, 6))
+        if gpu_class is not None and gpu_class.price_per_gpu_hour is not None:
+            out["projected_cost_usd"] = dg.FloatMetadataValue(
+                round(hours * function.gpu_count * gpu_class.price_per_gpu_hour, 4))
+    return out

@@ -23,8 +23,11 @@ from ..refresh.warm import unsendable
 from ..run.executor import gpu_classes_executor
 from ..tags import (COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
+from ..function_spec.functions import Function
 from .asset_spec import function_of
+from .changed_partitions import changed_filter, changed_partitions, unfilled_filter
 from .resources import LanceDBResource
+from .table_partitions import partition_observations
 
 _NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
 
@@ -224,7 +227,9 @@ def table_sensor(
     """Refresh `targets` when rows of `table` are added, updated or deleted.
 
     Each new table version starts one run keyed `<table>@v<version>`; versions that change no rows
-    (gpufn's own refreshes, column declarations, compaction, indexes) start nothing.
+    (gpufn's own refreshes, column declarations, compaction, indexes) start nothing. Partitioned
+    Function targets (all partitioned alike) get one run per partition whose rows the new versions
+    added or changed, keyed `<table>@v<version>:<partition>` (`changed_partitions`).
 
     Args:
         table: the LanceDB table to watch (its Lance version is the sensor's cursor).
@@ -256,11 +261,14 @@ def table_sensor(
         last = int(context.cursor) if context.cursor else None
         if last is not None and version <= last:
             return dg.SkipReason(f"table {table!r} unchanged since version {last}")
+        resolved = _resolved(context, targets)
+        partitioned = _partitioned(resolved)
+        if partitioned:
+            return _partition_requests(context, partitioned, table, dataset, last, job.name, targets, in_process_rows)
         running = _refreshing(context.instance, keys)
         if running is not None:
             return dg.SkipReason(f"run {running.run_id[:8]} is refreshing these assets; table {table!r} version "
                                  f"{version} is looked at again once it ends")
-        resolved = _resolved(context, targets)
         covered = covered_version(context.instance, resolved, table)
         base = max(v for v in (last, covered, -1) if v is not None)
         if base >= 0 and version <= base:
@@ -281,6 +289,56 @@ def table_sensor(
         )
 
     return _sensor
+
+
+def _partitioned(targets: Sequence[dg.AssetsDefinition | str]) -> list[Function]:
+    """The targets' partitioned Functions; refused when they are not all partitioned alike (one run
+    per partition needs one partitions definition across the job)."""
+    functions = [function_of(t) if isinstance(t, dg.AssetsDefinition) else None for t in targets]
+    partitioned = [f for f in functions if f is not None and f.partitioning is not None]
+    if partitioned and (len(partitioned) < len(targets) or any(
+            f.partitioning.partitions_def != partitioned[0].partitioning.partitions_def for f in partitioned)):
+        raise FunctionDefinitionError(
+            f"targets {', '.join(_names(targets))}: a sensor refreshing partitioned Functions needs every target "
+            "partitioned by one partitions definition (one run per changed partition)")
+    return partitioned
+
+
+def _partition_requests(context: dg.SensorEvaluationContext, functions: Sequence[Function], table: str,
+                        dataset: lance.LanceDataset, last: int | None, job_name: str,
+                        targets: Sequence[dg.AssetsDefinition | str], in_process_rows: int) -> dg.SensorResult:
+    """One run per partition whose rows changed since the cursor's version (`changed_partitions`),
+    keyed by version and partition, so each changed partition refreshes once per version."""
+    version = dataset.version
+    operations = operations_since(dataset, last) if last is not None else []
+    data_versions = [last + 1 + i for i, op in enumerate(operations) if changed_data([op])]
+    if last is not None and not data_versions:
+        return dg.SensorResult(skip_reason=dg.SkipReason(
+            f"table {table!r} versions {last + 1}..{version} changed no rows (gpufn refreshes, maintenance)"),
+            cursor=str(version))
+    rows = appended_rows(dataset, last, operations) if last is not None else None
+    keys: list[str] = []
+    for function in functions:
+        selector = (changed_filter(function, dataset, data_versions, only_appends=rows is not None)
+                    if last is not None else unfilled_filter(function, dataset))
+        keys += [k for k in changed_partitions(dataset, function, selector, context.instance) if k not in keys]
+    if not keys:
+        return dg.SensorResult(skip_reason=dg.SkipReason(
+            f"table {table!r} version {version}: no partition of {', '.join(f.name for f in functions)} has "
+            "changed rows"), cursor=str(version))
+    config = in_process_config(context, job_name, targets, rows, in_process_rows)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"{table}@v{version}:{key}", partition_key=key, run_config=config,
+                                    tags={TABLE_TAG: table, TABLE_VERSION_TAG: str(version)}) for key in keys],
+        asset_events=partition_observations(functions, keys, version, _partitioned_assets(context)),
+        cursor=str(version))
+
+
+def _partitioned_assets(context: dg.SensorEvaluationContext) -> list[dg.AssetKey]:
+    """The partitioned assets of the sensor's definitions (where a partition can be observed)."""
+    repository = context.repository_def
+    return [key for key, asset in (repository.assets_defs_by_key.items() if repository is not None else ())
+            if asset.partitions_def is not None]
 
 
 def _table_changed(context: dg.SensorEvaluationContext, targets: Sequence[dg.AssetsDefinition | str], table: str,
@@ -310,7 +368,8 @@ def unfilled_rows_sensor(
     """Refresh a Function once at least `threshold` rows of its table are not computed yet.
 
     For tables that grow in many small appends: rather than a run per version, one run per batch of
-    new rows. One run per table version at most (run key), none while below the threshold.
+    new rows. One run per table version at most (run key), none while below the threshold. A
+    partitioned Function gets one run per partition holding unfilled rows.
 
     Args:
         function_asset: the Function asset (made by `gpu_function`).
@@ -348,6 +407,19 @@ def unfilled_rows_sensor(
                     else table.count_rows())
         if unfilled < threshold:
             return dg.SkipReason(f"{unfilled:,} unfilled rows in {function.table!r}, below the threshold of {threshold:,}")
+        if function.partitioning is not None:  # a run per partition holding unfilled rows
+            dataset = table.to_lance()
+            keys = changed_partitions(dataset, function, unfilled_filter(function, dataset), context.instance)
+            # each partition observed once per table version (the cursor), as changed at it
+            seen = context.cursor == str(table.version)
+            return dg.SensorResult(
+                run_requests=[dg.RunRequest(run_key=f"{function.table}@v{table.version}:unfilled:{key}",
+                                            partition_key=key,
+                                            tags={TABLE_TAG: function.table, UNFILLED_ROWS_TAG: str(unfilled)})
+                              for key in keys],
+                asset_events=[] if seen else partition_observations([function], keys, table.version,
+                                                                    _partitioned_assets(context)),
+                cursor=str(table.version))
         return dg.RunRequest(run_key=f"{function.table}@v{table.version}:unfilled",
                              tags={TABLE_TAG: function.table, UNFILLED_ROWS_TAG: str(unfilled)},
                              run_config=in_process_config(context, job.name, [function_asset], unfilled, in_process_rows))

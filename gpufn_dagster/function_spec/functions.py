@@ -26,6 +26,7 @@ from ..errors import FunctionDefinitionError
 from .arrow_types import parse_arrow_type
 from .code_version import code_digest
 from .options import ErrorPolicy, FunctionOptions, document_options
+from .partitions import Partitioning, partitioning_of
 # Part of every Function version: bumped when what the engine stores per row changes (the
 # signature scheme), so each column is recomputed once after such an upgrade, never compared
 # across schemes.
@@ -94,6 +95,8 @@ class Function:
     max_gpus: int | None = None  # the most GPUs one refresh holds at once
     publish_every_rows: int | None = None  # intermediate commits as fragments finish (None: one commit)
     classes_dir: str | None = None  # where its class was declared (None: $GPUFN_CLASSES_DIR or ./classes)
+    partitioning: Partitioning | None = None  # its Dagster partitions and the slice of the table each one is
+    backfill_policy: Any = None  # Dagster's BackfillPolicy of the asset (None: one run per partition)
 
     @property
     def sig_column(self) -> str:
@@ -357,4 +360,6 @@ def make_function(target: Any, **options: Any) -> Function:
         max_gpus=opts.max_gpus,
         publish_every_rows=opts.publish_every_rows,
         classes_dir=opts.classes_dir,
+        partitioning=partitioning_of(opts, label),
+        backfill_policy=opts.backfill_policy,
     )

@@ -15,11 +15,18 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import dagster as dg
+from dagster.components.resolved import core_models as asset_models
 
 from ..errors import ComponentError, FunctionDefinitionError
 from .arrow_types import parse_arrow_type
 
 ErrorPolicy = Literal["fail", "skip"]
+# Dagster's own YAML forms of partitions and backfill policies (`type: daily`, `type: static`,
+# `type: single_run`), so a Function's YAML reads like any asset's.
+_PARTITIONS_YAML = (asset_models.HourlyPartitionsDefinitionModel | asset_models.DailyPartitionsDefinitionModel
+                    | asset_models.WeeklyPartitionsDefinitionModel | asset_models.TimeWindowPartitionsDefinitionModel
+                    | asset_models.StaticPartitionsDefinitionModel)
+_BACKFILL_YAML = asset_models.SingleRunBackfillPolicyModel | asset_models.MultiRunBackfillPolicyModel
 
 
 def _arrow_type(context: dg.ResolutionContext, value: str | None) -> Any:
@@ -89,6 +96,21 @@ class FunctionOptions(dg.Resolvable):
         "default: one commit at the end. For a refresh on one worker.")] = None
     checkpoint_seconds: Annotated[float, described(
         "How much work a killed refresh may repeat, in seconds (0: checkpoint every batch).")] = 10.0
+    partitions_def: Annotated[Any, dg.Resolver(asset_models.resolve_partitions_def, model_field_type=_PARTITIONS_YAML,
+                                               description=(
+        "The asset's Dagster partitions (time windows, static, dynamic, two-dimensional); each partition is a "
+        "slice of the table named by partition_column or partition_filter."))] = None
+    partition_column: Annotated[str | dict[str, str] | None, described(
+        "The column a partition is: a date or timestamp column for time windows (rows in the window), a string "
+        "(or integer) column holding the key for static and dynamic partitions; for two dimensions, a mapping "
+        "dimension -> column. Materializing a partition refreshes those rows only.")] = None
+    partition_filter: Annotated[str | None, described(
+        "Instead of partition_column, a Lance filter template: {key} (or {<dimension>}, {start}, {end}) is "
+        "replaced by a SQL literal, quotes included, e.g. \"lower(source) = {key}\".")] = None
+    backfill_policy: Annotated[Any, dg.Resolver(asset_models.resolve_backfill_policy, model_field_type=_BACKFILL_YAML,
+                                                description=(
+        "Dagster's backfill policy: single_run makes a backfill of a range one run, one refresh of the range's "
+        "rows (spread over workers), committed once; default one run per partition."))] = None
     classes_dir: Annotated[str | None, described(
         "The directory of GPU class files gpu_class is checked against (default $GPUFN_CLASSES_DIR or ./classes).")
                            ] = None

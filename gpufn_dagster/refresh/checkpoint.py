@@ -22,9 +22,10 @@ from .plan import FragmentWork
 
 
 class CheckpointStore:
-    def __init__(self, files: TableFiles, sig_column: str, function_version: str):
+    def __init__(self, files: TableFiles, scope: str, function_version: str):
+        """`scope`: the column's signature column, or a slice's scope (`slices.scope`)."""
         self.files = files
-        self.root = f"_gpufn/checkpoints/{sig_column}"
+        self.root = f"_gpufn/checkpoints/{scope}"
         self.dir = f"{self.root}/{function_version}"
 
     def _fragment_dir(self, work: FragmentWork) -> str:

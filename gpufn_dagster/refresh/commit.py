@@ -13,7 +13,7 @@ from ..tags import refresh_commit_message
 from .files import TableFiles
 from .fragments import FragmentResult
 from .lease import ColumnLease
-from .state import ColumnState, save_state
+from .state import ColumnState, settle_state
 
 
 def state_after(state: ColumnState, results: list[FragmentResult]) -> ColumnState:
@@ -46,7 +46,9 @@ class Publisher:
         self.pending.append(result)
         if sum(r.work.live_rows for r in self.pending) >= self.every:
             self.state = state_after(self.state, self.pending)
-            save_state(self.files, self.function.sig_column, self.state)
+            # merged into the saved state, not written over it: a slice refreshing beside this one
+            # (another partition) keeps what it saved
+            settle_state(self.files, self.function.sig_column, self.state)
             self.lease.check()
             committed = commit_groups(self.files, self.dataset, self.function, [r.group for r in self.pending])
             if committed is not None:

@@ -38,10 +38,11 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import lance
 
 from ..errors import CommitRacesLost
 from ..function_spec.functions import Function
@@ -51,13 +52,15 @@ from .files import TableFiles
 from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, assemble_fragment, compute_fragments, \
     refresh_fragment, refresh_range
 from .gpu_stats import GpuSampler, visible_gpus
+from .leftovers import WrittenFiles
 from .lease import DEFAULT_TTL, ColumnLease
-from .plan import FragmentWork, content_keys, plan_fragments
+from .plan import FragmentWork, content_keys, field_ids, plan_fragments
 from .progress import Progress, Ticker
 from .results import RefreshPlan, RefreshResult, ShardResult
 from .shards import Piece, Shard, split_work, why_fewer_shards, workers_within_budget
 from .signature import check_input_types
-from .state import ColumnState, load_state, save_state
+from .slices import COMMIT_LOCK, rebase_groups, scope
+from .state import ColumnState, load_state, settle_state
 from .upstream import check_upstream
 from .worker import FunctionInstance, InstanceSource, Worker
 
@@ -86,6 +89,9 @@ class RefreshOptions:
             several steps holds one lease from its plan to its commit. Its verbs need one.
         instances: where the Function's loaded instance comes from (default: loaded by this
             refresh and closed when it ends; `refresh.warm.warm_instances` keeps it warm for the next).
+        where: a Lance filter: refresh only the rows it selects (a partition's slice, `slices`);
+            other rows are neither computed nor passed to the Function, and slices of one column
+            refresh side by side.
 
     >>> RefreshOptions(concurrency=2, upstream=[]).upstream
     ()
@@ -101,6 +107,7 @@ class RefreshOptions:
     prefetch: int = PREFETCH
     lease_token: str | None = None
     instances: InstanceSource = FunctionInstance
+    where: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", tuple(self.upstream))
@@ -160,7 +167,7 @@ class ColumnRefresh:
         self._checked()
         with self._lease(keep=True):
             dataset = ensure_columns(self.files, self.function)
-            work = plan_fragments(dataset, self.function, load_state(self.files, self.function.sig_column))
+            work = self._plan(dataset, load_state(self.files, self.function.sig_column))
             budgets = (self.function.max_gpus, gpu_budget)
             allowed = workers_within_budget(workers, self.function.gpu_count, *budgets)
             shards = tuple(split_work(work, allowed))
@@ -180,8 +187,7 @@ class ColumnRefresh:
         dataset = self.files.dataset(read_version)
         progress = Progress()
         with GpuSampler() as gpu, self._lease(keep=True), self._worker() as worker:
-            planned = {w.fragment_id: w
-                       for w in plan_fragments(dataset, self.function, load_state(self.files, self.function.sig_column))}
+            planned = {w.fragment_id: w for w in self._plan(dataset, load_state(self.files, self.function.sig_column))}
             tasks = [(planned[p.fragment_id], p) for p in shard.pieces if p.fragment_id in planned]
             progress.restart(sum(p.rows for _, p in tasks))
             with Ticker(self.options.report, progress, self.options.report_every):
@@ -218,12 +224,16 @@ class ColumnRefresh:
         """Refuse to start on inputs of the wrong type or an upstream column that is not current."""
         dataset = self.files.dataset()
         check_input_types(self.function, dataset.schema)
-        check_upstream(self.files, dataset, self.function, self.options.upstream)
+        check_upstream(self.files, dataset, self.function, self.options.upstream, self.options.where)
+
+    def _plan(self, dataset: lance.LanceDataset, state: ColumnState) -> list[FragmentWork]:
+        return plan_fragments(dataset, self.function, state, where=self.options.where)
 
     def _lease(self, *, keep: bool) -> ColumnLease:
-        """The column's lease; `keep` leaves it to the next step of the same fanned-out refresh."""
+        """The column's (or the slice's) lease; `keep` leaves it to the next step of the same
+        fanned-out refresh."""
         ttl = self.options.lease_seconds
-        return ColumnLease(self.files, self.function.sig_column,
+        return ColumnLease(self.files, scope(self.function.sig_column, self.options.where),
                            self.options.holder or f"pid {os.getpid()} on {socket.gethostname()}",
                            ttl=ttl if ttl is not None else FANOUT_LEASE_SECONDS if keep else DEFAULT_TTL,
                            on_wait=self.options.on_wait, token=self.options.lease_token, keep=keep)
@@ -231,11 +241,44 @@ class ColumnRefresh:
     @contextmanager
     def _worker(self) -> Iterator[Worker]:
         """What every attempt of one verb shares; the Function's instance is closed at the end."""
-        worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report, self.options.instances)
+        worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report, self.options.instances,
+                           scope=scope(self.function.sig_column, self.options.where))
         try:
             yield worker
         finally:
             worker.instance.close()
+
+    def _commit_lock(self) -> ColumnLease | nullcontext[None]:
+        """Slices of one column commit one at a time (a rebase is never overtaken); a whole-column
+        refresh holds the column's lease already."""
+        if self.options.where is None:
+            return nullcontext()
+        return ColumnLease(self.files, scope(self.function.sig_column, None, COMMIT_LOCK),
+                           self.options.holder or f"pid {os.getpid()} on {socket.gethostname()}", ttl=DEFAULT_TTL,
+                           on_wait=None, poll=0.05)
+
+    def _commit(self, dataset: lance.LanceDataset, results: list[FragmentResult],
+                written: WrittenFiles) -> lance.LanceDataset | None:
+        """One DataReplacement of the rewritten fragments; a slice that lost the race to another
+        slice of the same fragments rebases its files onto the latest version (`slices`) and commits
+        again, never recomputing. None: plan again (a fragment was compacted away, or races kept
+        being lost)."""
+        groups = [r.group for r in results]
+        committed = commit_groups(self.files, dataset, self.function, groups)
+        if committed is not None or self.options.where is None:
+            return committed
+        names = [*self.function.columns, self.function.sig_column]
+        for _attempt in range(_COMMIT_ATTEMPTS):
+            latest = self.files.dataset()
+            rebased = rebase_groups(self.files, latest, names, field_ids(latest, names),
+                                    [(g, r.work.rows) for g, r in zip(groups, results, strict=True)], written.note)
+            if rebased is None:
+                return None
+            committed = commit_groups(self.files, latest, self.function, rebased)
+            if committed is not None:
+                return committed
+            groups = rebased
+        return None
 
     def _report(self, progress: Progress) -> None:
         if self.options.report:
@@ -255,7 +298,7 @@ class ColumnRefresh:
                 version_before = dataset.version
                 state = load_state(files, function.sig_column)
                 for _attempt in range(_COMMIT_ATTEMPTS):
-                    work = plan_fragments(dataset, function, state)
+                    work = self._plan(dataset, state)
                     visited = len(work)  # the final attempt covers every fragment; earlier ones are reused
                     progress.restart(sum(w.live_rows for w in work))
                     publisher = Publisher(files, dataset, function, state, lease)
@@ -274,9 +317,12 @@ class ColumnRefresh:
                     if not groups:
                         dataset = publisher.latest or dataset
                         break
-                    save_state(files, function.sig_column, state)  # failed files are known before the commit
-                    lease.check()
-                    committed = commit_groups(files, dataset, function, groups)
+                    with self._commit_lock():
+                        settle_state(files, function.sig_column, state)  # failed files are known before the commit
+                        lease.check()
+                        committed = self._commit(dataset, [r for r in results if r.group is not None
+                                                           and r.work.fragment_id not in publisher.published],
+                                                 worker.written)
                     if committed is not None:
                         dataset = committed
                         rewritten += len(groups)
@@ -288,9 +334,8 @@ class ColumnRefresh:
                 else:
                     raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a "
                                           "row to concurrent writers of the same fragments (compaction?); run it again")
-            current = content_keys(dataset, function)
-            in_use = {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
-            save_state(files, function.sig_column, ColumnState(state.verified & current, state.failed_files & in_use))
+            with self._commit_lock():
+                settle_state(files, function.sig_column, state, content_keys(dataset, function), _files_in_use(dataset))
             files_removed = worker.written.settle(dataset)
             worker.store.clear()
         self._report(progress)
@@ -308,6 +353,10 @@ class ColumnRefresh:
             first_call_seconds=progress.first_call_seconds,
             fragments_left=sum(r.incomplete for r in results), versions_published=published,
         )
+
+
+def _files_in_use(dataset: lance.LanceDataset) -> set[str]:
+    return {f.path for fragment in dataset.get_fragments() for f in fragment.metadata.files}
 
 
 def _compute_piece(attempt: Attempt, task: tuple[FragmentWork, Piece]) -> Outcome:

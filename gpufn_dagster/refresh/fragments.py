@@ -39,6 +39,7 @@ from .progress import Progress
 from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
+from .slices import SLICE_FILE_PREFIX
 from .worker import Worker
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
@@ -148,6 +149,12 @@ class _Staged:
     stale_idx: np.ndarray
     retried: np.ndarray  # rows stored as FAILED by an earlier refresh
     values: Future[tuple[pa.Array, list[RowError]]] | None
+    keep: np.ndarray | None = None  # rows of other slices, carried as stored (None: none)
+
+    @property
+    def checked(self) -> int:
+        """The rows of the batch this refresh is about (its slice's)."""
+        return self.batch.num_rows if self.keep is None else int(np.count_nonzero(~self.keep))
 
     @property
     def end(self) -> int:
@@ -155,14 +162,24 @@ class _Staged:
         return int(self.offsets[-1]) + 1
 
 
-def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _Staged:
+def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, inside: np.ndarray | None) -> _Staged:
     """Hash a scanned batch and hand its stale rows to the model: current rows keep their values.
 
     In a fragment the Function never wrote (`new`), every row is stale and nothing stored is read.
+    `inside`: the physical offsets of the slice's rows (None: all rows); the others keep their
+    stored values and signatures and are never passed to the Function.
     """
     function = attempt.function
     addresses = batch.column(ADDRESS).to_numpy()
-    now = row_signatures(function, batch).to_numpy().copy()
+    offsets = row_offsets(addresses)
+    keep = None if inside is None else ~np.isin(offsets, inside, assume_unique=True)
+    if keep is None:
+        now = row_signatures(function, batch).to_numpy().copy()
+    else:  # only the slice's rows are hashed; the others keep their stored signatures (`_outputs`)
+        now = np.zeros(batch.num_rows, dtype=np.uint64)
+        mine = np.flatnonzero(~keep)
+        if len(mine):
+            now[mine] = row_signatures(function, batch.take(pa.array(mine))).to_numpy()
     if new:
         stale_idx = np.arange(batch.num_rows)
         retried = np.zeros(batch.num_rows, dtype=bool)
@@ -171,6 +188,8 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _S
         stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
             zero_copy_only=False))
         retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
+    if keep is not None:
+        stale_idx = stale_idx[~keep[stale_idx]]
     values = None
     if len(stale_idx):
         inputs = batch.select(list(function.inputs))
@@ -178,7 +197,7 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool) -> _S
             inputs = inputs.take(pa.array(stale_idx))
         ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
         values = attempt.submit(inputs, Rows(addresses[stale_idx], None if ids is None else ids[stale_idx]))
-    return _Staged(batch, addresses, row_offsets(addresses), start, now, stale_idx, retried, values)
+    return _Staged(batch, addresses, offsets, start, now, stale_idx, retried, values, keep)
 
 
 def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome]:
@@ -212,8 +231,10 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
         # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
         outcome.changed -= int(np.count_nonzero(failed & retried))
     merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
-    return pa.RecordBatch.from_arrays([*merged, pa.array(now, type=attempt.out_schema.field(-1).type)],
-                                      schema=attempt.out_schema), outcome
+    signatures = pa.array(now, type=attempt.out_schema.field(-1).type)
+    if staged.keep is not None and staged.keep.any():  # other slices' rows keep theirs, NULL included
+        signatures = pc.if_else(pa.array(staged.keep), batch.column(function.sig_column), signatures)
+    return pa.RecordBatch.from_arrays([*merged, signatures], schema=attempt.out_schema), outcome
 
 
 def _finished(attempt: Attempt, item: FragmentWork, record: dict[str, Any]) -> FragmentResult:
@@ -290,15 +311,15 @@ def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
     calls of the size the sizer asks for, each hashed and handed to the model thread, and given to
     `finish` in order once its values are back, with at most `prefetch` calls staged ahead of the
     one waited for."""
-    new = item.reason == "new"
+    new = item.reason == "new" and item.rows is None  # part of a fragment: the other rows' values are read
     staged: deque[_Staged] = deque()  # handed to the model, in fragment order
     fragment = attempt.dataset.get_fragment(item.fragment_id)
     reads = read_windows(fragment, attempt.new_scan if new else attempt.stale_scan,
                          max(attempt.function.batch_size, READ_ROWS), attempt.stop,
                          offset=live_offset(fragment, start))
     call_start = start
-    for batch in cut_calls(reads, lambda: attempt.sizer.rows, start, end=end):
-        ready = _stage(attempt, batch, call_start, new)
+    for batch in cut_calls(reads, lambda: attempt.sizer.rows, start, end=end, counted=item.rows):
+        ready = _stage(attempt, batch, call_start, new, item.rows)
         call_start = ready.end  # deleted rows before the next call's first row are its own
         staged.append(ready)
         while len(staged) > attempt.prefetch:
@@ -321,7 +342,9 @@ def _restored(attempt: Attempt, item: FragmentWork) -> FragmentResult | tuple[li
 
 def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]], resume_at: int) -> FragmentResult:
     """Write the fragment's new file: its checkpointed chunks as they are, then the rows after them computed."""
-    name = data_file_name(f"gpufn-{attempt.function.version}-{item.inputs_hash}")
+    # Only a file of every row computed may say so in its name (`plan.OUR_FILE`).
+    name = data_file_name(SLICE_FILE_PREFIX if item.rows is not None
+                          else f"gpufn-{attempt.function.version}-{item.inputs_hash}")
     attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
     writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
     total = Outcome()
@@ -342,7 +365,7 @@ def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]],
         writer.write(aligned)
         total.add(outcome)
         pending.add(aligned, outcome, ready.end)
-        attempt.advance(ready.batch.num_rows, outcome)
+        attempt.advance(ready.checked, outcome)
 
     if resume_at < item.physical_rows:
         _compute_rows(attempt, item, resume_at, item.physical_rows, finish)
@@ -395,7 +418,7 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
         out, outcome = _outputs(attempt, ready)
         pending.add(align_to_physical(out, ready.offsets, ready.start, attempt.out_schema), outcome, ready.end)
         total.add(outcome)
-        attempt.advance(ready.batch.num_rows, outcome)
+        attempt.advance(ready.checked, outcome)
 
     _compute_rows(attempt, item, resume_at, piece.end, finish)
     pending.close_at(piece.end)

@@ -43,11 +43,11 @@ def _stamp(at: float) -> str:
 class ColumnLease:
     """The right to refresh one Function column; use as a context manager."""
 
-    def __init__(self, files: TableFiles, sig_column: str, holder: str, *, ttl: float = DEFAULT_TTL,
+    def __init__(self, files: TableFiles, scope: str, holder: str, *, ttl: float = DEFAULT_TTL,
                  on_wait: Callable[[str], None] | None = None, poll: float = 0.5, report_every: float = 10.0,
                  token: str | None = None, keep: bool = False):
         self.files = files
-        self.dir = f"_gpufn/leases/{sig_column}"
+        self.dir = f"_gpufn/leases/{scope}"  # the column's signature column, or a slice's (`slices.scope`)
         self.holder, self.ttl, self.on_wait, self.poll, self.report_every = holder, ttl, on_wait, poll, report_every
         self.token = token or uuid.uuid4().hex
         self.keep = keep  # on release, leave the lease to the next step of the same refresh

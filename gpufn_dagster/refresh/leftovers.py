@@ -18,9 +18,11 @@ from .files import TableFiles
 class WrittenFiles:
     """The data files refreshes of one column wrote, until a commit settles them."""
 
-    def __init__(self, files: TableFiles, sig_column: str):
+    def __init__(self, files: TableFiles, scope: str):
+        """`scope`: the column's signature column, or a slice's (`slices.scope`): a slice settles
+        only files its own earlier runs left, never those of a slice refreshing beside it."""
         self.files = files
-        self.dir = f"_gpufn/written/{sig_column}"
+        self.dir = f"_gpufn/written/{scope}"
         self.created: set[str] = set()
 
     def note(self, name: str) -> None:

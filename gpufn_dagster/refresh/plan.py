@@ -7,6 +7,10 @@ file in place: appends add fragments, in-place column updates swap data files, r
 rows to new fragments, so any change that could alter an input shows up here. A visited fragment
 is then decided row by row against the per-row signature column (see `signature`).
 
+A slice refresh (`where`, `slices`) visits only fragments holding rows of the slice; in a fragment
+that also holds other rows, only the slice's rows are checked (`FragmentWork.rows`), and its
+findings are keyed by the fragment's content and the slice.
+
 Two facts a file name cannot carry come from the column's `state`: a fragment found all current
 after compaction is skipped by its content key, and an engine file holding failed rows is
 visited again so they are retried.
@@ -16,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lance
+import numpy as np
 
 from ..function_spec.functions import Function
+from .slices import slice_key, slice_rows
 from .state import ColumnState
 
 OUR_FILE = re.compile(r"^gpufn-(?P<version>[0-9a-f]{16})-(?P<inputs>[0-9a-f]{12})-[0-9a-f]{32}\.lance$")
@@ -37,6 +43,8 @@ class FragmentWork:
     content_key: str  # the fragment's files and the Function version: what `verified` remembers, and
     # where its checkpoints live
     reason: str  # "new": outputs never written here; "stale": written for other inputs or version, or failed rows
+    # A slice's rows when the fragment holds others too (sorted physical offsets); None: every row.
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ...]) -> list[int]:
@@ -73,28 +81,39 @@ def content_keys(dataset: lance.LanceDataset, function: Function) -> set[str]:
 
 
 def plan_fragments(dataset: lance.LanceDataset, function: Function,
-                   state: ColumnState | None = None) -> list[FragmentWork]:
-    """The fragments whose output may be missing or stale; clean fragments are left out."""
+                   state: ColumnState | None = None, where: str | None = None) -> list[FragmentWork]:
+    """The fragments whose output may be missing or stale; clean fragments are left out.
+
+    `where`: only fragments holding rows the filter selects, and of those only these rows.
+    """
     state = state or ColumnState()
     input_ids, output_ids = _ids(dataset, function)
+    selected = slice_rows(dataset, where) if where is not None else None
     work = []
     for fragment in dataset.get_fragments():
         meta = fragment.metadata
+        if selected is not None and meta.id not in selected:
+            continue
         inputs_hash, output_files, content_key = _fragment_files(meta, function, input_ids, output_ids)
         ours = OUR_FILE.match(output_files[0]) if len(output_files) == 1 else None
         if (ours and ours["version"] == function.version and ours["inputs"] == inputs_hash
                 and output_files[0] not in state.failed_files):
             continue
+        live = fragment.count_rows()
+        rows = selected[meta.id] if selected is not None and len(selected[meta.id]) < live else None
+        if rows is not None:  # part of the fragment: what was found is about the slice's rows only
+            content_key = f"{content_key}_{slice_key(where or '')}"
         if content_key in state.verified:
             continue
         work.append(
             FragmentWork(
                 fragment_id=meta.id,
                 physical_rows=meta.physical_rows,
-                live_rows=fragment.count_rows(),
+                live_rows=live if rows is None else len(rows),
                 inputs_hash=inputs_hash,
                 content_key=content_key,
                 reason="stale" if output_files else "new",
+                rows=rows,
             )
         )
     return work

@@ -77,15 +77,25 @@ def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_ro
 
 
 def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], start: int = 0,
-              end: int | None = None) -> Iterator[pa.RecordBatch]:
+              end: int | None = None, counted: np.ndarray | None = None) -> Iterator[pa.RecordBatch]:
     """The rows at physical offsets [start, end) in calls of `call_rows()` rows (asked anew for each call).
+
+    `counted`: the sorted physical offsets of the rows a call's size counts (a slice's rows, the only
+    ones the model gets); a call then holds `call_rows()` of them and the other rows around them,
+    at most SPAN_ROWS rows in all, so rows of other slices neither shrink the model's calls nor
+    fill memory.
 
     >>> reads = iter([pa.record_batch({ADDRESS: pa.array(range(10), pa.uint64())})])
     >>> [c.column(ADDRESS).to_pylist() for c in cut_calls(reads, lambda: 3, start=2, end=8)]
     [[2, 3, 4], [5, 6, 7]]
+    >>> reads = iter([pa.record_batch({ADDRESS: pa.array(range(10), pa.uint64())})])
+    >>> [c.column(ADDRESS).to_pylist() for c in cut_calls(reads, lambda: 2, counted=np.array([1, 4, 5, 9]))]
+    [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     """
     buffered: deque[pa.RecordBatch] = deque()
-    rows = 0
+    weights: deque[np.ndarray] = deque()  # per buffered batch, whether each row counts (with `counted`)
+    rows = 0  # counted rows buffered
+    span = 0  # rows buffered
     for batch in reads:
         if not batch.num_rows:
             continue
@@ -95,15 +105,53 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
         batch = batch.slice(first, last - first)
         if batch.num_rows:
             buffered.append(batch)
-            rows += batch.num_rows
-        while rows >= call_rows():
-            call = _take(buffered, call_rows())
-            rows -= call.num_rows
+            span += batch.num_rows
+            if counted is None:
+                rows += batch.num_rows
+            else:
+                weight = np.isin(offsets[first:last], counted, assume_unique=True)
+                weights.append(weight)
+                rows += int(np.count_nonzero(weight))
+        while buffered and (rows >= call_rows() or span >= SPAN_ROWS):
+            size = call_rows() if counted is None else _counted_prefix(weights, call_rows(), SPAN_ROWS)
+            call = _take(buffered, size)
+            rows -= call.num_rows if counted is None else _drop_weights(weights, size)
+            span -= call.num_rows
             yield call
         if last < len(offsets):
             break  # past the end: read no further
-    if rows:
-        yield _take(buffered, rows)
+    if span:
+        yield _take(buffered, span)
+
+
+SPAN_ROWS = 64 * READ_ROWS  # the most rows one call spans when only some of them count (`cut_calls`)
+
+
+def _counted_prefix(weights: deque[np.ndarray], wanted: int, most: int) -> int:
+    """How many buffered rows hold the first `wanted` counted rows (at most `most` rows, at most all)."""
+    seen = taken = 0
+    for weight in weights:
+        cumulative = np.cumsum(weight)
+        if seen + (cumulative[-1] if len(cumulative) else 0) >= wanted:
+            return min(taken + int(np.searchsorted(cumulative, wanted - seen)) + 1, most)
+        seen += int(cumulative[-1]) if len(cumulative) else 0
+        taken += len(weight)
+        if taken >= most:
+            return most
+    return taken
+
+
+def _drop_weights(weights: deque[np.ndarray], rows: int) -> int:
+    """Remove the first `rows` rows' weights; returns how many of them counted."""
+    dropped = 0
+    while rows:
+        head = weights.popleft()
+        if len(head) > rows:
+            weights.appendleft(head[rows:])
+            head = head[:rows]
+        dropped += int(np.count_nonzero(head))
+        rows -= len(head)
+    return dropped
 
 
 def _take(buffered: deque[pa.RecordBatch], rows: int) -> pa.RecordBatch:

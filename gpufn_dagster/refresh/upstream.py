@@ -22,15 +22,16 @@ from .signature import FAILED, row_signatures, scan_expressions
 from .state import load_state
 
 
-def _stale_rows(files: TableFiles, dataset: lance.LanceDataset, function: Function) -> int:
-    """Rows whose stored value of the Function is missing, failed or not for their inputs now."""
+def _stale_rows(files: TableFiles, dataset: lance.LanceDataset, function: Function, where: str | None) -> int:
+    """Rows (of the slice `where`) whose stored value of the Function is missing, failed or not for
+    their inputs now."""
     if function.sig_column not in dataset.schema.names:
-        return dataset.count_rows()
+        return dataset.count_rows(filter=where)
     stale = 0
     columns = {n: f"`{n}`" for n in [*function.inputs, function.sig_column]} | scan_expressions(
         function, dataset.schema)
-    for item in plan_fragments(dataset, function, load_state(files, function.sig_column)):
-        for batch in dataset.get_fragment(item.fragment_id).scanner(columns=columns).to_batches():
+    for item in plan_fragments(dataset, function, load_state(files, function.sig_column), where=where):
+        for batch in dataset.get_fragment(item.fragment_id).scanner(columns=columns, filter=where).to_batches():
             now = row_signatures(function, batch)
             stale += int(pc.sum(pc.fill_null(pc.not_equal(batch.column(function.sig_column), now), True)
                                 .cast(pa.int64())).as_py() or 0)
@@ -38,8 +39,9 @@ def _stale_rows(files: TableFiles, dataset: lance.LanceDataset, function: Functi
 
 
 def check_upstream(files: TableFiles, dataset: lance.LanceDataset, function: Function,
-                   upstream: Sequence[Function] = ()) -> None:
-    """Refuse to start when an input column is another Function's output that is not current.
+                   upstream: Sequence[Function] = (), where: str | None = None) -> None:
+    """Refuse to start when an input column is another Function's output that is not current (for
+    the rows of the slice `where`, when one is refreshed).
 
     `upstream` are the Functions known to produce some of the inputs; an input whose column was
     declared by a Function not given here is checked by its stored signatures alone.
@@ -48,17 +50,20 @@ def check_upstream(files: TableFiles, dataset: lance.LanceDataset, function: Fun
     for name in function.inputs:
         producer = next((u for u in upstream if name in u.columns and u.table == function.table), None)
         if producer is not None:
-            stale = _stale_rows(files, dataset, producer) if name in schema.names else dataset.count_rows()
+            stale = (_stale_rows(files, dataset, producer, where) if name in schema.names
+                     else dataset.count_rows(filter=where))
             producer_name = producer.name
         elif name in schema.names and SIG_COLUMN_KEY.encode() in (schema.field(name).metadata or {}):
             metadata = schema.field(name).metadata
             sig_column = metadata[SIG_COLUMN_KEY.encode()].decode()
             producer_name = metadata.get(FUNCTION_KEY.encode(), b"?").decode()
-            stale = dataset.count_rows(filter=f"`{sig_column}` IS NULL OR `{sig_column}` = {FAILED}")
+            missing = f"(`{sig_column}` IS NULL OR `{sig_column}` = {FAILED})"
+            stale = dataset.count_rows(filter=missing if where is None else f"{missing} AND ({where})")
         else:
             continue
         if stale:
             raise UpstreamNotCurrent(
                 f"Function {function.name!r} reads column {name!r}, computed by Function {producer_name!r}, which is "
-                f"not current for {stale:,} of {dataset.count_rows():,} rows of table {function.table!r}; materialize "
+                f"not current for {stale:,} of {dataset.count_rows(filter=where):,} rows of table {function.table!r}"
+                + ("" if where is None else f" where {where}") + "; materialize "
                 f"{producer_name!r} first (Materialize all runs it before {function.name!r}). Nothing was computed.")

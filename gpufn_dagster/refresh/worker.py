@@ -91,8 +91,11 @@ class Worker:
 
     @classmethod
     def of(cls, files: TableFiles, function: Function, prefetch: int,
-           report: Callable[[Progress], None] | None, instances: InstanceSource = FunctionInstance) -> Worker:
-        return cls(files, function, CheckpointStore(files, function.sig_column, function.version),
-                   WrittenFiles(files, function.sig_column), instances(function), BatchFit(),
+           report: Callable[[Progress], None] | None, instances: InstanceSource = FunctionInstance,
+           scope: str | None = None) -> Worker:
+        """`scope`: where its checkpoints and written files live (`slices.scope`; default the column's)."""
+        scope = scope or function.sig_column
+        return cls(files, function, CheckpointStore(files, scope, function.version),
+                   WrittenFiles(files, scope), instances(function), BatchFit(),
                    BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size),
                    prefetch, report)

@@ -22,6 +22,7 @@ CASES = {
     "deploy_bench.py": (["--shards", "1", "--fragment-rows", "1100"], "| launch -> commit done |", True),
     "fanout_bench.py": (["--rows", "1200", "--workers", "1,2", "--storage-rows", "2000", "--plan-rows", "20000"],
                         "|", True),
+    "partition_bench.py": (["--rows", "2000", "--days", "10"], "partitions / one =", False),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000"], "| gpufn_incremental |", False),

@@ -123,6 +123,10 @@ def chain(error: BaseException) -> str:
     ({"function": "PKG.udfs:upper_body"}, "inputs", "table 'docs' has no column 'body'; it has id, text"),
     ({"inputs": ["id"]}, "inputs", "'id' is not a parameter of the callable, which takes text"),
     ({"output_type": "list<float99>"}, "output_type", "is not an Arrow type"),
+    ({"partitions_def": {"type": "static", "partition_keys": ["a"]}, "partition_column": "colour"},
+     "partition_column", "table has no column 'colour'"),
+    ({"partitions_def": {"type": "daily", "start_date": "2026-01-01"}, "partition_column": "id"},
+     "partition_column", "column 'id' is int64: time-window partitions need"),
 ])
 def test_bad_yaml_names_file_and_field(tmp_path, monkeypatch, docs_table, changes, field, words):
     with pytest.raises(Exception) as err:
@@ -136,6 +140,20 @@ def test_unknown_yaml_field_is_rejected_with_its_location(tmp_path, monkeypatch,
         load_with(tmp_path, monkeypatch, docs_table, colour="blue")
     message = chain(err.value)
     assert "defs.yaml" in message and "colour" in message
+
+
+def test_a_yaml_function_with_dagsters_partitions_yaml_materializes_one_partition(tmp_path, monkeypatch, db_uri):
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": [1, 2, 3], "text": ["a", "b", "a"]}),
+                                         storage_options=STABLE_ROW_IDS)
+    defs, _ = load_with(tmp_path, monkeypatch, db_uri, partition_column="text",
+                        partitions_def={"type": "static", "partition_keys": ["a", "b"]},
+                        backfill_policy={"type": "single_run"})
+    (asset,) = [a for a in defs.assets if a.key.to_user_string() == "docs__loud"]
+    assert asset.partitions_def.get_partition_keys() == ["a", "b"] and asset.backfill_policy.max_partitions_per_run is None
+    assert dg.materialize([asset], resources=defs.resources, instance=dg.DagsterInstance.ephemeral(),
+                          partition_key="a").success
+    data = lancedb.connect(db_uri).open_table("docs").to_lance().to_table(columns=["id", "loud"]).to_pydict()
+    assert data == {"id": [1, 2, 3], "loud": ["A", None, "A"]}
 
 
 def test_yaml_pins_the_function_version(tmp_path, monkeypatch, docs_table):

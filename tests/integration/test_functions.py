@@ -141,7 +141,7 @@ def test_the_launchpad_takes_only_what_may_change_per_run_and_refuses_the_rest_b
     job = defs.resolve_implicit_global_asset_job_def()
     fields = job.run_config_schema.config_type.fields["ops"].config_type.fields["items__shout"].config_type.fields
     config_fields = fields["config"].config_type.fields
-    assert sorted(config_fields) == ["batch_size", "checkpoint_seconds", "on_error", "publish_every_rows"]
+    assert sorted(config_fields) == ["batch_size", "checkpoint_seconds", "on_error", "publish_every_rows", "where"]
     assert all(f.description for f in config_fields.values())  # the Launchpad documents each
 
     with pytest.raises(dg.DagsterInvalidConfigError) as err:  # once accepted as "No errors", run with 1 GPU

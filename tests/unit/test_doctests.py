@@ -16,6 +16,8 @@ MODULES = [
     "gpufn_dagster.refresh.signature", "gpufn_dagster.run.capacity", "gpufn_dagster.run.placement",
     "gpufn_dagster.run.executor", "gpufn_dagster.run.pools", "gpufn_dagster.run.watch", "gpufn_dagster.tags", "gpufn_dagster.assets.triggers",
     "gpufn_dagster.assets.views", "gpufn_dagster.procfs", "gpufn_dagster.run.forkserver", "gpufn_dagster.run.local_launcher",
+    "gpufn_dagster.refresh.slices", "gpufn_dagster.refresh.state", "gpufn_dagster.function_spec.partitions",
+    "gpufn_dagster.assets.reporting", "gpufn_dagster.sample", "gpufn_dagster.assets.table_partitions",
 ]
 
 
