@@ -1,27 +1,33 @@
-"""In a real browser: `dagster dev` on the example definitions with the embedded instance
-(deploy/dagster-embedded.yaml: local GPU slots), a second GPU run's step waits for class
-`default`'s only slot, and its run page in headless Chromium says so, why, since when and behind
-whom -- in the event log, no dialog opened. The screenshots are kept in tests/artifacts/."""
+"""In a real browser: `dagster dev` with the embedded instance (deploy/dagster-embedded.yaml: local
+GPU slots) and the shipped classes, a second GPU run's step waits for class `default`'s only slot,
+and its run page in headless Chromium says so, why, since when and behind whom -- in the event log,
+no dialog opened. The run holding the slot is held by local_defs' gate until the page has been
+read, so the wait lasts exactly as long as the test looks at it, however loaded the machine.
+The screenshots are kept in tests/artifacts/."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import lancedb
+import pyarrow as pa
 import pytest
 
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
-from gpufn_dagster.sample import sample_docs
 
 from ..conftest import REPO
 from .ui import chromium, dagster_dev, dismiss_dialog, graphql, screenshot, status, wait_for_text
 
+DEFS = Path(__file__).with_name("local_defs.py")
+LOCATION = '{ workspaceOrError { ... on Workspace { locationEntries { name } } } }'
 LAUNCH = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
   __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
 
 
 def launch(port: int, *assets: str) -> str:
-    params = {"selector": {"repositoryLocationName": "gpufn_example", "repositoryName": "__repository__",
+    (location,) = [e["name"] for e in graphql(port, LOCATION)["workspaceOrError"]["locationEntries"]]
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": "__repository__",
                            "jobName": "__ASSET_JOB", "assetSelection": [{"path": [a]} for a in assets]},
               "mode": "default"}
     result = graphql(port, LAUNCH, {"p": params})["launchRun"]
@@ -29,14 +35,21 @@ def launch(port: int, *assets: str) -> str:
     return result["run"]["runId"]
 
 
-# Its own waits (dagster dev starting, 15,000 documents embedded on a CPU while the second run waits
-# for the slot) add up to more than the suite's 600 s on a loaded 2-core machine; they guard hangs.
+# Its own waits (dagster dev starting, the browser's pages, both runs) add up to more than the
+# suite's 600 s on a loaded 2-core machine; they guard hangs.
 @pytest.mark.timeout(1800)
 def test_run_page_shows_the_wait_for_gpu_capacity(tmp_path):
     db_uri = str(tmp_path / "lancedb")
-    env = {"GPUFN_LANCEDB_URI": db_uri, "GPUFN_CLASSES_DIR": str(REPO / "classes")}
-    with dagster_dev(tmp_path, ["-w", "workspace.yaml"], env) as port, chromium() as driver:
-        _wait_shown(port, db_uri, driver)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    lancedb.connect(db_uri).create_table("docs", pa.table({"id": [1, 2], "text": ["ab", "cde"]}),
+                                         storage_options=STABLE_ROW_IDS)
+    env = {"GPUFN_LANCEDB_URI": db_uri, "GPUFN_CLASSES_DIR": str(REPO / "classes"), "GPUFN_TEST_GATES": str(gates)}
+    with dagster_dev(tmp_path, ["-f", str(DEFS)], env) as port, chromium() as driver:
+        try:
+            _wait_shown(port, gates, driver)
+        finally:
+            (gates / "open-all").touch()  # whatever happened, no run is left holding the slot
 
 
 def _wait_for_slot_taken(port: int, runs: set[str], timeout: float = 600) -> tuple[str, str]:
@@ -55,13 +68,12 @@ def _wait_for_slot_taken(port: int, runs: set[str], timeout: float = 600) -> tup
     raise AssertionError(f"timed out after {timeout}s waiting for one of {sorted(runs)} to hold the slot, the other to wait")
 
 
-def _wait_shown(port: int, db_uri: str, driver) -> None:
-    # Enough documents that embedding them on CPU holds class default's only slot for a minute or more.
-    lancedb.connect(db_uri).create_table("docs", sample_docs(15_000), storage_options=STABLE_ROW_IDS)
-    launched = {launch(port, "docs__embedding"), launch(port, "docs__embedding")}
+def _wait_shown(port: int, gates: Path, driver) -> None:
+    launched = {launch(port, "docs__slow"), launch(port, "docs__slow")}
     # Both start at once, so either may claim the slot first (their run workers start side by side):
-    # the one holding it is the holder, the other must wait.
+    # the one holding it is the holder (held at its gate until the test opens it), the other must wait.
     holder, waiting = _wait_for_slot_taken(port, launched)
+    assert status(port, waiting) == "STARTED"  # a started run whose GPU step waits: never failed, never on CPU
 
     # The run page, as it is: started, and its event log says its GPU step waits, for which
     # class, why, since when (the event's time) and behind whom.
@@ -69,7 +81,7 @@ def _wait_shown(port: int, db_uri: str, driver) -> None:
     page = wait_for_text(driver, "waits for a local GPU slot of class 'default'", timeout=600)
     # And roughly when it starts: this instance has no finished run of the work yet, so "unknown", saying why.
     page = wait_for_text(driver, "Wait estimate: unknown (0 runs ahead on default, 1 GPU in the class; no finished "
-                                 "run of docs__embedding", timeout=120)
+                                 "run of docs__slow", timeout=120)
     # Dagster's own line, which its executor may write just after the coordinator's.
     page = wait_for_text(driver, "Step blocked by limit for pool gpu-default", timeout=60)
     dismiss_dialog(driver)
@@ -77,7 +89,7 @@ def _wait_shown(port: int, db_uri: str, driver) -> None:
     flat = page.replace("\n", " ")
     assert status(port, waiting) == "STARTED"  # a started run whose GPU step waits: never failed, never on CPU
     assert "Step blocked by limit for pool gpu-default" in flat  # Dagster's own line
-    assert f"all 1 slot(s) in use (run {holder[:8]} step docs__embedding); first in line" in flat, flat
+    assert f"all 1 slot(s) in use (run {holder[:8]} step docs__slow); first in line" in flat, flat
 
     # The runs list: three gpufn tags a run, the ones a user filters by -- the waiting run's say it
     # waits, the holder's that it has the GPU; why and since when are on the run page (above), and
@@ -94,6 +106,8 @@ def _wait_shown(port: int, db_uri: str, driver) -> None:
     assert "capacity-reason" not in listing and "waiting-since" not in listing, listing
 
     # When the slot frees, the page says the wait ended.
+    (gates / "open-1").touch()  # the holder finishes (local_defs: the first step to get the slot drew ticket 1)
+    (gates / "open-2").touch()  # and the waiter, once it has the slot, finishes at once
     driver.get(f"http://127.0.0.1:{port}/runs/{waiting}")
     wait_for_text(driver, "Its GPU steps got their local GPU slots after waiting", timeout=900)
     screenshot(driver, "run_started_after_waiting.png")
