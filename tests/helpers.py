@@ -315,6 +315,7 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOC
     and `warm` as its `local.warm` block (default `{idle: 0}`: each step loads its Function itself,
     so a test of slots sees one process per step; a warm-instance test gives its own). Runs start
     in warm run workers, as the shipped deploy/dagster-embedded.yaml has them (`warm_run_workers`).
+    Every other class keeps no warm instance (`{idle: 0}`) unless its file says otherwise.
     The instance is stored in SQLite files, or with `postgres_url` in that PostgreSQL database
     (dagster-postgres: runs, events, schedules and the concurrency pools), as on Kubernetes.
 
@@ -331,6 +332,11 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOC
     spec.update(settings)
     spec["local"] = {**spec.get("local", {}), "warm": warm if warm is not None else {"idle": 0}}
     (classes_dir / "default.yaml").write_text(yaml.safe_dump(spec))
+    for other in sorted(classes_dir.glob("*.yaml")):  # the other classes keep no instance either: one owned by
+        spec = yaml.safe_load(other.read_text())      # this test process would outlive the test (idle 10 min)
+        if other.name != "default.yaml" and isinstance(spec, dict) and "warm" not in spec.get("local", {}):
+            spec["local"] = {**spec.get("local", {}), "warm": {"idle": 0}}
+            other.write_text(yaml.safe_dump(spec))
     lancedb.connect(db_uri).create_table("docs", pa.table({"id": list(range(rows)), "text": [f"d{i}" for i in range(rows)]}),
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",

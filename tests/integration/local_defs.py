@@ -30,7 +30,7 @@ def held_upper(text: str) -> str:
     gates = Path(os.environ["GPUFN_TEST_GATES"])
     if _ticket is None:
         _ticket = _draw_ticket(gates)
-    deadline = time.monotonic() + 900  # a hang guard only: the test opens the gate
+    deadline = time.monotonic() + 300  # a hang guard only: the test opens the gate
     while not ((gates / f"open-{_ticket}").exists() or (gates / "open-all").exists()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return f"{text.upper()}@{os.environ.get('CUDA_VISIBLE_DEVICES')}"
