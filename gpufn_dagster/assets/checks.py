@@ -47,13 +47,12 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
         raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
                                       "column to check")
     sig = f"`{function.sig_column}`"
-    partitions_def = function.partitioning.partitions_def if function.partitioning else None
     with warnings.catch_warnings():  # partitioned checks are a preview; the warning would repeat on every load
         warnings.simplefilter("ignore", dg.PreviewWarning)
-        unfilled = dg.AssetCheckSpec("no_unfilled_rows", asset=asset.key, blocking=False, partitions_def=partitions_def,
+        unfilled = dg.AssetCheckSpec("no_unfilled_rows", asset=asset.key, blocking=False, partitions_def=function.partitions_def,
                                      description="Every row has a value: none appended since the last refresh, none failed.")
         failed = dg.AssetCheckSpec("failed_rows_below_threshold", asset=asset.key, blocking=False,
-                                   partitions_def=partitions_def, description=(
+                                   partitions_def=function.partitions_def, description=(
                                        f"At most {max_failed_fraction:.2%} of the table's rows failed in their last attempt."))
 
     @dg.multi_asset_check(specs=[unfilled, failed], name=f"{function.name}_checks", can_subset=True)

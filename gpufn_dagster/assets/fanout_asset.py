@@ -212,7 +212,7 @@ def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDe
         group_name=function.group_name,
         metadata=metadata,
         resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
-        partitions_def=function.partitioning.partitions_def if function.partitioning else None,
+        partitions_def=function.partitions_def,
         backfill_policy=function.backfill_policy,
     )
     def _refresh(**after):

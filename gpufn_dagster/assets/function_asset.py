@@ -202,13 +202,11 @@ def _projected(context: dg.AssetExecutionContext, function: Function, gpu_class:
     figures = projection(function, gpu_class, result.rows_computed, result.compute_seconds,
                          dataset.count_rows(filter=unfilled))
     if figures:
+        extras = [f"{figures['projected_gpu_hours'].value:.2f} GPU-hours"] if "projected_gpu_hours" in figures else []
+        extras += [f"${figures['projected_cost_usd'].value:.2f}"] if "projected_cost_usd" in figures else []
         context.log.info(f"{function.name}: the rest of table {function.table!r}, {figures['projected_rows_left']:,} "
                          f"rows not computed yet, would take {figures['projected_hours'].value:.2f} h"
-                         + (f" ({figures['projected_gpu_hours'].value:.2f} GPU-hours" if "projected_gpu_hours" in figures
-                            else "")
-                         + (f", ${figures['projected_cost_usd'].value:.2f})" if "projected_cost_usd" in figures
-                            else ")" if "projected_gpu_hours" in figures else "")
-                         + " at this run's rate")
+                         + (f" ({', '.join(extras)})" if extras else "") + " at this run's rate")
     return figures
 
 
@@ -285,7 +283,7 @@ def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, s
         group_name=function.group_name,
         metadata=metadata,
         config_schema=run_config_schema(function),
-        partitions_def=function.partitioning.partitions_def if function.partitioning else None,
+        partitions_def=function.partitions_def,
         backfill_policy=function.backfill_policy,
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:

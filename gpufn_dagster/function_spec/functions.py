@@ -99,6 +99,11 @@ class Function:
     backfill_policy: Any = None  # Dagster's BackfillPolicy of the asset (None: one run per partition)
 
     @property
+    def partitions_def(self) -> Any:
+        """Dagster's partitions definition of the Function's asset and its checks (None: unpartitioned)."""
+        return self.partitioning.partitions_def if self.partitioning is not None else None
+
+    @property
     def sig_column(self) -> str:
         """Hidden column holding, per row, the digest of the Function version and the inputs used."""
         return f"_gpufn_sig_{self.columns[0]}"
