@@ -16,11 +16,13 @@ from typing import Any
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "ColumnRefresh": "refresh.engine", "Function": "function_spec.functions", "FunctionDefinitionError": "errors",
+    "ColumnRefresh": "refresh.engine", "ErrorPolicy": "function_spec.error_policy", "Fail": "function_spec.error_policy",
+    "FailureBudgetExceeded": "errors", "Function": "function_spec.functions", "FunctionDefinitionError": "errors",
     "FunctionOptions": "function_spec.options", "GpuClass": "classes", "GpuClassError": "errors",
     "GpuK8sRunLauncher": "run.launcher", "GpuLocalRunLauncher": "run.local_launcher", "GpuQueuedRunCoordinator": "run.local",
     "GpufnError": "errors",
     "LanceDBResource": "assets.resources", "RefreshOptions": "refresh.engine", "RefreshResult": "refresh.results",
+    "Retry": "function_spec.error_policy", "RowTimeout": "errors", "Skip": "function_spec.error_policy",
     "TableNotFound": "errors", "build_definitions": "assets.definitions", "function_asset": "assets.function_asset",
     "function_of": "assets.asset_spec", "gpu_classes_executor": "run.executor", "gpu_function": "assets.function_asset",
     "list_gpu_classes": "classes", "load_gpu_classes": "classes", "make_function": "function_spec.functions",

@@ -39,6 +39,16 @@ class FunctionFailed(GpufnError, RuntimeError):
     """The Function raised on a row under on_error='fail'; the refresh stops, committed work stays."""
 
 
+class FailureBudgetExceeded(FunctionFailed):
+    """More rows failed than the Function's max_failed_rows / max_failed_fraction allow; the refresh
+    stopped at once and committed nothing (checkpoints stay)."""
+
+
+class RowTimeout(GpufnError, TimeoutError):
+    """Raised inside a Function's call that ran past its row_timeout_seconds (times its rows);
+    name it in an on_error rule (`Retry("RowTimeout")`, `Skip("RowTimeout")`) to retry or skip such rows."""
+
+
 class UpstreamNotCurrent(GpufnError, RuntimeError):
     """An input column computed by another Function is not current for every row; nothing was computed."""
 

@@ -24,14 +24,16 @@ from .resources import LanceDBResource
 from .run_slice import run_slice
 
 
-def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 0.0) -> Sequence[dg.AssetChecksDefinition]:
+def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float | None = None
+                    ) -> Sequence[dg.AssetChecksDefinition]:
     """The two checks of a Function asset made by `gpu_function`, evaluated together in one step
     (one look at the table, one process at most: none when the run's steps run in its worker).
 
     Args:
         asset: the Function asset.
         max_failed_fraction: the largest fraction of the table's rows that may be failed for
-            `failed_rows_below_threshold` to pass (0: none).
+            `failed_rows_below_threshold` to pass (default: the Function's own max_failed_fraction,
+            its refreshes' failure budget, else 0: none).
 
     Example:
         >>> import pyarrow as pa
@@ -46,6 +48,8 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float = 
     if function is None:
         raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
                                       "column to check")
+    if max_failed_fraction is None:
+        max_failed_fraction = function.max_failed_fraction or 0.0
     sig = f"`{function.sig_column}`"
     with warnings.catch_warnings():  # partitioned checks are a preview; the warning would repeat on every load
         warnings.simplefilter("ignore", dg.PreviewWarning)

@@ -27,6 +27,7 @@ from ..refresh.results import RefreshResult
 from ..refresh.warm import warm_instances
 from ..run.executor import steps_in_this_process
 from ..run.slots import HeldSlots, step_slot
+from ..function_spec.error_policy import ErrorPolicy
 from ..function_spec.functions import Function, make_function
 from ..function_spec.options import document_options
 from ..tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
@@ -99,7 +100,8 @@ def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuC
         "function_version": function.version,
         "batch_size": (f"{function.batch_size}, adapting up to {function.max_batch_size}"
                        if function.adapt_batch_size else f"{function.batch_size} (pinned)"),
-        "on_error": function.on_error,
+        "on_error": str(function.on_error),
+        **({"row_timeout_seconds": function.row_timeout_seconds} if function.row_timeout_seconds else {}),
         **({"workers": function.workers} if function.workers > 1 else {}),
         **({"partitioned_by": _partitioned_by(function)} if function.partitioning else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
@@ -135,10 +137,11 @@ def run_config_schema(function: Function) -> dict[str, dg.Field]:
             "the full refresh skips them, and the run reports a projection for the rest of the table."))}
     return {
         **pilot,
-        "on_error": dg.Field(dg.Enum("OnError", [dg.EnumValue("fail"), dg.EnumValue("skip")]),
-                             default_value=function.on_error, description=(
-                                 "'fail' stops at the first failing row; 'skip' leaves it NULL and records it "
-                                 "in gpufn_errors (computed values do not depend on it).")),
+        "on_error": dg.Field(dg.Enum("OnError", [dg.EnumValue(v) for v in ("declared", "fail", "skip")]),
+                             default_value=function.on_error.shorthand or "declared", description=(
+                                 "'declared': the Function's own rules; 'fail' stops at the first failing row; "
+                                 "'skip' leaves it NULL and records it in gpufn_errors (computed values do not "
+                                 "depend on it).")),
         "batch_size": dg.Field(int, default_value=function.max_batch_size, description=(
             "The most rows one call takes this run (the model's, device's or API's limit).")),
         "checkpoint_seconds": dg.Field(float, default_value=function.checkpoint_seconds, description=(
@@ -155,7 +158,8 @@ def for_this_run(function: Function, config: Mapping[str, Any]) -> Function:
         raise FunctionDefinitionError(
             f"Function {function.name!r}: run config: batch_size and publish_every_rows must be at least 1 and "
             f"checkpoint_seconds not negative, got {dict(config)}")
-    return replace(function, on_error=config.get("on_error", function.on_error),
+    on_error = config.get("on_error", "declared")
+    return replace(function, on_error=function.on_error if on_error == "declared" else ErrorPolicy.of(on_error),
                    max_batch_size=batch_size, batch_size=min(function.batch_size, batch_size),
                    checkpoint_seconds=float(config.get("checkpoint_seconds", function.checkpoint_seconds)),
                    publish_every_rows=config.get("publish_every_rows", function.publish_every_rows))

@@ -21,12 +21,13 @@ from .resources import LanceDBResource
 
 ERRORS_TABLE = "gpufn_errors"
 # One row per failed row, and per retried row that then succeeded (outcome "succeeded"):
-# `retried` says the row had failed in an earlier refresh.
+# `retried` says the row had failed in an earlier refresh; `attempt`, how many calls included the row
+# in this one, and `rule`, the on_error rule that decided.
 ERRORS_SCHEMA = pa.schema([
     ("function", pa.string()), ("table", pa.string()), ("columns", pa.string()),
     ("function_version", pa.string()), ("run_id", pa.string()), ("row_address", pa.uint64()), ("row_id", pa.uint64()),
     ("error", pa.string()), ("traceback", pa.string()), ("recorded_at", pa.timestamp("us", tz="UTC")),
-    ("retried", pa.bool_()), ("outcome", pa.string()),
+    ("retried", pa.bool_()), ("outcome", pa.string()), ("attempt", pa.int32()), ("rule", pa.string()),
 ])
 
 
@@ -38,7 +39,7 @@ def record_errors(lancedb: LanceDBResource, function: Function, result: RefreshR
               "function_version": function.version, "run_id": run_id, "recorded_at": now}
     rows = pa.Table.from_pylist(
         [{**common, "row_address": e.row_address, "row_id": e.row_id, "error": e.error, "traceback": e.traceback, "retried": e.retried,
-          "outcome": "failed"} for e in result.errors]
+          "outcome": "failed", "attempt": e.attempt, "rule": e.rule} for e in result.errors]
         + [{**common, "row_address": address, "retried": True, "outcome": "succeeded"} for address in result.recovered],
         schema=ERRORS_SCHEMA)
     db = lancedb.connect()

@@ -45,8 +45,6 @@ class FunctionColumn(dg.Component, FunctionOptions):
         description="Import path of the function, class or lancedb.udf: 'package.module:name'.")]
     checks: Annotated[bool, dg.Resolver.default(
         description="Add the two asset checks (no_unfilled_rows, failed_rows_below_threshold).")] = False
-    max_failed_fraction: Annotated[float, dg.Resolver.default(
-        description="The largest fraction of failed rows failed_rows_below_threshold lets pass.")] = 0.0
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = str(Path(context.path) / "defs.yaml")
@@ -55,5 +53,5 @@ class FunctionColumn(dg.Component, FunctionOptions):
             asset = function_asset(make_function(self.function, **options), classes_dir=self.classes_dir, declared_in=where)
         except FunctionDefinitionError as err:
             raise ComponentError(f"{where}: {err}") from None
-        asset_checks = function_checks(asset, max_failed_fraction=self.max_failed_fraction) if self.checks else []
+        asset_checks = function_checks(asset) if self.checks else []
         return dg.Definitions(assets=[asset], asset_checks=asset_checks)

@@ -25,7 +25,8 @@ from ..classes import DEFAULT_CLASS
 from ..errors import FunctionDefinitionError
 from .arrow_types import parse_arrow_type
 from .code_version import code_digest
-from .options import ErrorPolicy, FunctionOptions, document_options
+from .error_policy import ErrorPolicy
+from .options import FunctionOptions, document_options
 from .partitions import Partitioning, partitioning_of
 # Part of every Function version: bumped when what the engine stores per row changes (the
 # signature scheme), so each column is recomputed once after such an upgrade, never compared
@@ -97,6 +98,9 @@ class Function:
     classes_dir: str | None = None  # where its class was declared (None: $GPUFN_CLASSES_DIR or ./classes)
     partitioning: Partitioning | None = None  # its Dagster partitions and the slice of the table each one is
     backfill_policy: Any = None  # Dagster's BackfillPolicy of the asset (None: one run per partition)
+    row_timeout_seconds: float | None = None  # the most one row may take (None: no deadline)
+    max_failed_rows: int | None = None  # the failure budget of one refresh, in rows
+    max_failed_fraction: float | None = None  # ... and as a fraction of the rows it checks
 
     @property
     def partitions_def(self) -> Any:
@@ -212,8 +216,16 @@ def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...
     for name in (*columns, options.table):
         if not _IDENTIFIER.match(name):
             raise FunctionDefinitionError(f"{label}: field 'column'/'table': {name!r} is not a plain identifier")
-    if options.on_error not in ("fail", "skip"):
-        raise FunctionDefinitionError(f"{label}: field 'on_error': must be 'fail' or 'skip', got {options.on_error!r}")
+    ErrorPolicy.of(options.on_error, label)
+    if options.row_timeout_seconds is not None and not options.row_timeout_seconds > 0:
+        raise FunctionDefinitionError(f"{label}: field 'row_timeout_seconds': must be above 0, "
+                                      f"got {options.row_timeout_seconds}")
+    if options.max_failed_rows is not None and options.max_failed_rows < 0:
+        raise FunctionDefinitionError(f"{label}: field 'max_failed_rows': must not be negative, "
+                                      f"got {options.max_failed_rows}")
+    if options.max_failed_fraction is not None and not 0 <= options.max_failed_fraction <= 1:
+        raise FunctionDefinitionError(f"{label}: field 'max_failed_fraction': must be between 0 and 1, "
+                                      f"got {options.max_failed_fraction}")
     if options.batch_size is not None and options.batch_size < 1:
         raise FunctionDefinitionError(f"{label}: field 'batch_size': must be at least 1")
     if options.max_batch_size is not None and options.max_batch_size < (options.batch_size or 1):
@@ -353,7 +365,7 @@ def make_function(target: Any, **options: Any) -> Function:
         gpu_class=opts.gpu_class or DEFAULT_CLASS,
         gpu_count=opts.gpu_count if gpu else 0,
         batch_size=first_call,
-        on_error=opts.on_error,
+        on_error=ErrorPolicy.of(opts.on_error, label),
         version=_version(original, opts, inputs, columns, output_type, init),
         source_asset=opts.source_asset or opts.table,
         description=opts.description or inspect.getdoc(original),
@@ -367,4 +379,7 @@ def make_function(target: Any, **options: Any) -> Function:
         classes_dir=opts.classes_dir,
         partitioning=partitioning_of(opts, label),
         backfill_policy=opts.backfill_policy,
+        row_timeout_seconds=opts.row_timeout_seconds,
+        max_failed_rows=opts.max_failed_rows,
+        max_failed_fraction=opts.max_failed_fraction,
     )

@@ -20,13 +20,31 @@ from dagster.components.resolved import core_models as asset_models
 from ..errors import ComponentError, FunctionDefinitionError
 from .arrow_types import parse_arrow_type
 
-ErrorPolicy = Literal["fail", "skip"]
 # Dagster's own YAML forms of partitions and backfill policies (`type: daily`, `type: static`,
 # `type: single_run`), so a Function's YAML reads like any asset's.
 _PARTITIONS_YAML = (asset_models.HourlyPartitionsDefinitionModel | asset_models.DailyPartitionsDefinitionModel
                     | asset_models.WeeklyPartitionsDefinitionModel | asset_models.TimeWindowPartitionsDefinitionModel
                     | asset_models.StaticPartitionsDefinitionModel)
 _BACKFILL_YAML = asset_models.SingleRunBackfillPolicyModel | asset_models.MultiRunBackfillPolicyModel
+
+
+class ErrorRuleModel(dg.Model):
+    """One on_error rule as YAML writes it (the fields of `error_policy.ErrorRule`)."""
+
+    action: Literal["retry", "skip", "fail"]
+    errors: list[str] | None = None
+    match: str | None = None
+    attempts: int | None = None
+    backoff_seconds: float | None = None
+    max_backoff_seconds: float | None = None
+    then: Literal["skip", "fail"] | None = None
+
+
+def _error_policy(context: dg.ResolutionContext, value: Any) -> Any:
+    """YAML's on_error: the shorthand as it is, rules as mappings (checked with the Function)."""
+    if isinstance(value, list):
+        return [rule.model_dump(exclude_none=True) if isinstance(rule, dg.Model) else rule for rule in value]
+    return context.resolve_value(value)
 
 
 def _arrow_type(context: dg.ResolutionContext, value: str | None) -> Any:
@@ -70,9 +88,21 @@ class FunctionOptions(dg.Resolvable):
         "(default 4096 when batch_size is unset).")] = None
     adapt_batch_size: Annotated[bool, described(
         "Whether calls adapt; false pins every call at batch_size (still split when out of device memory).")] = True
-    on_error: Annotated[ErrorPolicy, described(
+    on_error: Annotated[Any, dg.Resolver(_error_policy, model_field_type=Literal["fail", "skip"] | list[ErrorRuleModel],
+                                         description=(
         "'fail' stops the refresh at the first failing row; 'skip' leaves that row NULL, records it in the "
-        "gpufn_errors table and retries it on the next refresh.")] = "fail"
+        "gpufn_errors table and retries it on the next refresh; or a list of rules, the first matching one "
+        "deciding: retry (errors: exception class names, match: a regex on the message, attempts, backoff_seconds, "
+        "then: skip|fail), skip or fail; an error no rule matches fails."))] = "fail"
+    row_timeout_seconds: Annotated[float | None, described(
+        "The most seconds one row may take: a call of n rows past n x this is split in halves, a single row "
+        "past it fails with RowTimeout under on_error (name RowTimeout in a rule to retry or skip it).")] = None
+    max_failed_rows: Annotated[int | None, described(
+        "A failure budget: the refresh stops as soon as more rows than this failed (skipped), committing nothing, "
+        "and says how many failed and the first errors.")] = None
+    max_failed_fraction: Annotated[float | None, described(
+        "A failure budget as a fraction of the rows the refresh checks (0.01: 1%); also the threshold of the "
+        "failed_rows_below_threshold check (of the table's rows; default 0).")] = None
     init: Annotated[dict[str, Any] | None, described("Keyword arguments for a class's constructor.")] = None
     name: Annotated[str | None, described("The asset's name (default '<table>__<column>').")] = None
     source_asset: Annotated[str | None, described("The upstream asset that produces the table (default: table).")

@@ -1,8 +1,13 @@
 """Calling a Function on a batch of rows, with its error policy.
 
-Returns values for every row asked (NULL where a row failed under `on_error="skip"`) plus the
-failures, so the caller decides what to persist. A batch Function that raises under "skip" is
-retried row by row (as one-row batches) to pin the failure on the rows that caused it.
+Returns values for every row asked (NULL where the policy skipped a row) plus the failures, so the
+caller decides what to persist. Each error goes to the Function's `on_error` policy
+(`function_spec.error_policy`): a retry calls again after its backoff; a batch whose error is
+skipped is called again row by row (one-row batches, no more retries) to pin the failure on the
+rows that caused it; a fail raises `FunctionFailed` naming the row, the attempt and the rule.
+
+A call runs under a deadline of `row_timeout_seconds` x its rows (`deadline`): a batch past it is
+split in halves, as below, and a single row past it fails with `RowTimeout` under the policy.
 
 A batch that runs out of device memory is not a failure: it is retried in halves, down to one
 row, and later batches are cut to the size that fit (`BatchFit`); only a single row that still
@@ -14,6 +19,7 @@ Function's callable declares in its `oom_errors` attribute.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,8 +27,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import FunctionFailed
+from ..errors import FunctionFailed, RowTimeout
+from ..function_spec.error_policy import Decision
 from ..function_spec.functions import CallStyle, Function
+from .deadline import deadline
 from .reads import split_address
 
 
@@ -33,6 +41,8 @@ class RowError:
     traceback: str
     retried: bool = False  # the row had failed in an earlier refresh too
     row_id: int | None = None  # its stable row id (None: recorded by an earlier release)
+    attempt: int = 1  # the calls that included the row in this refresh
+    rule: str | None = None  # the on_error rule that decided (None: recorded by an earlier release)
 
 
 @dataclass(frozen=True)
@@ -67,8 +77,8 @@ class Rows:
         row_id = self.row_id(i)
         return f"row id {row_id} ({where})" if row_id is not None else f"row address {address} ({where})"
 
-    def error(self, i: int, message: str, trace: str) -> RowError:
-        return RowError(self.address(i), message, trace, row_id=self.row_id(i))
+    def error(self, i: int, message: str, trace: str, attempt: int, rule: str) -> RowError:
+        return RowError(self.address(i), message, trace, row_id=self.row_id(i), attempt=attempt, rule=rule)
 
 
 def _short(value: Any, most: int = 60) -> str:
@@ -130,11 +140,12 @@ def _call_batch(call: Callable[..., Any], function: Function, inputs: pa.RecordB
 
 
 def _in_parts(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, rows: Rows,
-              fit: BatchFit | None, size: int) -> tuple[pa.Array, list[RowError]]:
+              fit: BatchFit | None, size: int, may_retry: bool) -> tuple[pa.Array, list[RowError]]:
     values: list[pa.Array] = []
     errors: list[RowError] = []
     for start in range(0, inputs.num_rows, size):
-        value, part_errors = call_function(call, function, inputs.slice(start, size), rows[start:start + size], fit)
+        value, part_errors = call_function(call, function, inputs.slice(start, size), rows[start:start + size], fit,
+                                            may_retry=may_retry)
         values.append(value)
         errors.extend(part_errors)
     return pa.concat_arrays(values), errors
@@ -142,48 +153,84 @@ def _in_parts(call: Callable[..., Any], function: Function, inputs: pa.RecordBat
 
 def call_function(
     call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, rows: Rows | Sequence[int],
-    fit: BatchFit | None = None,
+    fit: BatchFit | None = None, *, may_retry: bool = True,
 ) -> tuple[pa.Array, list[RowError]]:
-    """Values for each input row, and the rows that failed (only under on_error='skip').
+    """Values for each input row, and the rows its error policy skipped.
 
     `rows` (their addresses and stable ids; a plain sequence of addresses is fine) is only read
     when a row fails, to name it. `fit` carries what out-of-memory splits taught earlier calls of
-    the same refresh (see the module's docstring).
+    the same refresh (see the module's docstring). `may_retry` is False while a batch's error is
+    pinned on its rows one by one (the batch already used its retries).
     """
     rows = rows if isinstance(rows, Rows) else Rows(rows)
-    if function.call_style is not CallStyle.ROW:
-        if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
-            return _in_parts(call, function, inputs, rows, fit, fit.rows)
+    if function.call_style is CallStyle.ROW:
+        return _call_rows(call, function, inputs, rows, may_retry)
+    if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
+        return _in_parts(call, function, inputs, rows, fit, fit.rows, may_retry)
+    timeout = function.row_timeout_seconds
+    attempt = 1
+    while True:
         try:
-            return _call_batch(call, function, inputs), []
+            with deadline(timeout and timeout * inputs.num_rows):
+                return _call_batch(call, function, inputs), []
         except Exception as err:
-            oom = is_out_of_memory(err, call)
+            oom, late = is_out_of_memory(err, call), isinstance(err, RowTimeout)
             if oom:
                 _release_device_memory()
-                if inputs.num_rows > 1:
-                    return _in_parts(call, function, inputs, rows, fit, (fit or BatchFit()).split(inputs.num_rows))
+            if (oom or late) and inputs.num_rows > 1:  # not the rows' fault: smaller calls
+                half = (fit or BatchFit()).split(inputs.num_rows) if oom else (inputs.num_rows + 1) // 2
+                return _in_parts(call, function, inputs, rows, fit, half, may_retry)
+            decision = function.on_error.decide(err, attempt, may_retry)
+            if decision.action == "retry":
+                time.sleep(decision.delay)
+                attempt += 1
+                continue
             what = (f"ran out of device memory on a single row, {rows.name(0, inputs)}" if oom
+                    else f"ran past row_timeout_seconds={timeout} on {rows.name(0, inputs)}" if late
                     else f"failed on a batch of {inputs.num_rows} rows" if inputs.num_rows > 1
                     else f"failed on {rows.name(0, inputs)}")
-            if function.on_error == "fail":
-                raise FunctionFailed(f"Function {function.name!r} {what}: {err!r}") from err
+            if decision.action == "fail":
+                raise FunctionFailed(f"Function {function.name!r} {what}: {err!r} ({_decided(decision, attempt)})"
+                                     ) from err
             if inputs.num_rows == 1:
-                message = f"{what}: {err!r}" if oom else repr(err)
-                return pa.nulls(1, function.output_type), [rows.error(0, message, traceback.format_exc())]
-        # Under "skip", pin a batch's failure on the rows that caused it: each row on its own.
-        return _in_parts(call, function, inputs, rows, fit, 1)
+                message = f"{what}: {err!r}" if oom or late else repr(err)
+                return pa.nulls(1, function.output_type), [rows.error(0, message, traceback.format_exc(), attempt,
+                                                                       decision.rule)]
+            # Skipped on a batch: pin the failure on the rows that caused it, each row on its own.
+            return _in_parts(call, function, inputs, rows, fit, 1, may_retry=False)
 
+
+def _decided(decision: Decision, attempt: int) -> str:
+    return f"attempt {attempt}, on_error rule {decision.rule}"
+
+
+def _call_rows(call: Callable[..., Any], function: Function, inputs: pa.RecordBatch, rows: Rows,
+               may_retry: bool) -> tuple[pa.Array, list[RowError]]:
+    """A row Function: called once per row (each call under the row timeout and the policy)."""
     columns = [inputs.column(name).to_pylist() for name in function.inputs]
     out: list[Any] = []
     errors = []
     for i, args in enumerate(zip(*columns, strict=True)):
-        try:
-            out.append(call(**dict(zip(function.inputs, args, strict=True))))
-        except Exception as err:
-            if function.on_error == "fail":
-                raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}: {err!r}") from err
-            out.append(None)
-            errors.append(rows.error(i, repr(err), traceback.format_exc()))
+        attempt = 1
+        while True:
+            try:
+                with deadline(function.row_timeout_seconds):
+                    out.append(call(**dict(zip(function.inputs, args, strict=True))))
+                break
+            except Exception as err:
+                decision = function.on_error.decide(err, attempt, may_retry)
+                if decision.action == "retry":
+                    time.sleep(decision.delay)
+                    attempt += 1
+                    continue
+                late = (f" (ran past row_timeout_seconds={function.row_timeout_seconds})"
+                        if isinstance(err, RowTimeout) else "")
+                if decision.action == "fail":
+                    raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}{late}: "
+                                         f"{err!r} ({_decided(decision, attempt)})") from err
+                out.append(None)
+                errors.append(rows.error(i, repr(err) + late, traceback.format_exc(), attempt, decision.rule))
+                break
     try:
         return _to_array(out, function.output_type, inputs.num_rows), errors
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -201,8 +248,9 @@ def _convert_rows(function: Function, out: list[Any], inputs: pa.RecordBatch, ro
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as err:
             message = (f"Function {function.name!r} returned {value!r} ({type(value).__name__}) for "
                        f"{rows.name(i, inputs)}, which is not a {function.output_type}: {err}")
-            if function.on_error == "fail":
-                raise FunctionFailed(message) from err
+            decision = function.on_error.decide(err, 1, may_retry=False)  # the same value would come back
+            if decision.action == "fail":
+                raise FunctionFailed(f"{message} ({_decided(decision, 1)})") from err
             values.append(pa.nulls(1, function.output_type))
-            errors.append(rows.error(i, message, traceback.format_exc()))
+            errors.append(rows.error(i, message, traceback.format_exc(), 1, decision.rule))
     return (pa.concat_arrays(values) if values else pa.array([], function.output_type)), errors

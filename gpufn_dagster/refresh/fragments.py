@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import lance
@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import RefreshStopped
+from ..errors import FailureBudgetExceeded, RefreshStopped
+from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
 from .plan import FragmentWork, field_ids
 from .progress import Progress
@@ -43,6 +44,7 @@ from .slices import SLICE_FILE_PREFIX
 from .worker import Worker
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
+FIRST_ERRORS = 3  # errors a stop past the failure budget quotes
 PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
 
 
@@ -90,6 +92,7 @@ class Attempt:
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
         self.stop = threading.Event()  # set when a fragment failed: the others end early
+        self.first_errors: list[RowError] = []  # what a stop past the failure budget quotes
         # The one thread that calls the Function (prefetch 0: each fragment thread calls it in turn).
         self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if self.prefetch else None
         names = [*self.function.columns, self.function.sig_column]
@@ -131,10 +134,20 @@ class Attempt:
             self.model.shutdown(wait=True, cancel_futures=True)
 
     def advance(self, scanned: int, outcome: Outcome) -> None:
+        """Count the rows done; past the Function's failure budget, stop the refresh (this raises)."""
         with self.lock:
             self.progress.rows_scanned += scanned
             self.progress.rows_computed += outcome.computed
             self.progress.rows_failed += len(outcome.errors)
+            self.first_errors.extend(outcome.errors[:FIRST_ERRORS - len(self.first_errors)])
+            failed, checked = self.progress.rows_failed, self.progress.rows_to_scan
+        if outcome.errors and (over := over_budget(self.function, failed, checked)):
+            self.stop.set()
+            raise FailureBudgetExceeded(
+                f"Function {self.function.name!r}: {failed:,} rows failed of the {checked:,} this refresh checks, "
+                f"more than {over}; the refresh stopped and committed nothing (checkpoints stay). First errors: "
+                + "; ".join(f"row id {e.row_id if e.row_id is not None else e.row_address}: {e.error} "
+                            f"(attempt {e.attempt}, rule {e.rule})" for e in self.first_errors))
 
 
 @dataclass
@@ -224,9 +237,7 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
         failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
         now[failed] = FAILED
         was_failed = {int(a) for a in addresses[retried]}
-        outcome.errors = [RowError(e.row_address, e.error, e.traceback, retried=e.row_address in was_failed,
-                                   row_id=e.row_id)
-                          for e in errors]
+        outcome.errors = [replace(e, retried=e.row_address in was_failed) for e in errors]
         outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
         # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
         outcome.changed -= int(np.count_nonzero(failed & retried))

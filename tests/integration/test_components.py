@@ -127,6 +127,10 @@ def chain(error: BaseException) -> str:
      "partition_column", "table has no column 'colour'"),
     ({"partitions_def": {"type": "daily", "start_date": "2026-01-01"}, "partition_column": "id"},
      "partition_column", "column 'id' is int64: time-window partitions need"),
+    ({"on_error": [{"action": "skip", "match": "(unclosed"}]}, "on_error", "not a regular expression"),
+    ({"on_error": [{"action": "retry", "attempts": 0}]}, "on_error", "attempts must be at least 1"),
+    ({"row_timeout_seconds": 0}, "row_timeout_seconds", "must be above 0"),
+    ({"max_failed_fraction": 2}, "max_failed_fraction", "must be between 0 and 1"),
 ])
 def test_bad_yaml_names_file_and_field(tmp_path, monkeypatch, docs_table, changes, field, words):
     with pytest.raises(Exception) as err:
@@ -164,3 +168,21 @@ def test_yaml_pins_the_function_version(tmp_path, monkeypatch, docs_table):
     function = function_of(asset)
     expected = make_function(function.target, table="docs", column="loud", version="release-7")
     assert function.version == expected.version and function.description == "Loud text."
+
+
+def test_yaml_error_rules_are_the_same_policy_as_pythons(tmp_path, monkeypatch, docs_table):
+    from gpufn_dagster import ErrorPolicy, Retry, Skip, function_of
+    from gpufn_dagster.assets.checks import function_checks
+
+    rules = [{"action": "retry", "errors": ["ConnectionError"], "match": "429", "attempts": 4, "backoff_seconds": 0.5,
+              "then": "skip"}, {"action": "skip", "errors": ["RowTimeout"]}]
+    defs, _ = load_with(tmp_path, monkeypatch, docs_table, on_error=rules, row_timeout_seconds=2.5, max_failed_rows=10,
+                        checks=True, max_failed_fraction=0.25)
+    (asset,) = [a for a in defs.assets if a.key.to_user_string() == "docs__loud"]
+    function = function_of(asset)
+    assert function.on_error == ErrorPolicy.of([Retry(ConnectionError, match="429", attempts=4, backoff_seconds=0.5,
+                                                      then="skip"), Skip("RowTimeout")])
+    assert (function.row_timeout_seconds, function.max_failed_rows, function.max_failed_fraction) == (2.5, 10, 0.25)
+    (checks,) = function_checks(asset)  # what the component's `checks: true` adds
+    descriptions = {spec.name: spec.description for spec in checks.check_specs}
+    assert "25.00%" in descriptions["failed_rows_below_threshold"]  # the check's threshold is the same figure

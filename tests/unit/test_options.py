@@ -21,7 +21,7 @@ def test_decorator_spec_builder_and_yaml_component_take_the_same_options():
     builder = [n for n, p in inspect.signature(make_function).parameters.items() if p.kind is p.KEYWORD_ONLY]
     component = [f.name for f in dataclasses.fields(FunctionColumn)]
     assert decorator == builder == OPTIONS
-    assert set(component) - set(OPTIONS) == {"function", "checks", "max_failed_fraction"}
+    assert set(component) - set(OPTIONS) == {"function", "checks"}
     assert {"version", "description", "checkpoint_seconds", "classes_dir"} <= set(OPTIONS)
     yaml_fields = FunctionColumn.model().model_json_schema()["properties"]
     assert all(yaml_fields[name].get("description") for name in OPTIONS), "every YAML field describes itself"
