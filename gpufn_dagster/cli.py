@@ -56,7 +56,7 @@ def classes(classes_dir: str | None, as_json: bool) -> None:
 @click.option("--allow-unauthenticated", is_flag=True,
               help="Serve a non-loopback address without a token (anyone who reaches it can read the classes).")
 def serve(host: str, port: int, classes_dir: str | None, token: str | None, allow_unauthenticated: bool) -> None:
-    """Serve GET /v1/gpu/classes."""
+    """Serve GET /v1/gpu/classes and GET /metrics (per-class gauges of the instance in $DAGSTER_HOME)."""
     import ipaddress
 
     import uvicorn
@@ -65,7 +65,7 @@ def serve(host: str, port: int, classes_dir: str | None, token: str | None, allo
     from .errors import ApiConfigError
 
     try:
-        app = create_app(classes_dir, token)
+        app = create_app(classes_dir, token, dagster_home=_dagster_home())
     except ApiConfigError as err:
         raise click.BadParameter(str(err), param_hint="--token / $GPUFN_API_TOKEN") from None
     if not token:

@@ -62,8 +62,9 @@ class CommitRacesLost(GpufnError, RuntimeError):
 
 
 class RefreshStopped(GpufnError, RuntimeError):
-    """A fragment's work stopped because another fragment of the same refresh failed; the refresh
-    raises that fragment's error, never this one."""
+    """A fragment's work stopped because another fragment of the same refresh failed, or the run
+    was terminated (raised inside the Function's call in flight); the refresh raises that failure
+    or the interrupt, never this one, and no error policy sees it."""
 
 
 class LeaseLost(GpufnError, RuntimeError):

@@ -58,6 +58,8 @@ UNFILLED_ROWS_TAG = HIDDEN_PREFIX + "unfilled-rows"
 FUNCTION_METADATA_KEY = PREFIX + "function"
 DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
 READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
+# In the instance's key-value store: the capacity watcher's last tick's gauges per class (`run.gauges`).
+CLASS_GAUGES_KEY = PREFIX + "class-gauges"
 # Materialization metadata a sensor reads back: the version of the table a Function's refresh read
 # (`reporting`), and the source version a materialized view was refreshed from (`views`).
 TABLE_VERSION_BEFORE_KEY = "table_version_before"

@@ -291,6 +291,43 @@ def outcome(directory: Path) -> tuple[str, float]:
     return result, time.monotonic() - started
 
 
+# --- `gpufn serve`, a real process ---
+
+@contextmanager
+def gpufn_serve(classes_dir: Path, token: str, dagster_home: str | None = None):
+    """`gpufn serve` on a free loopback port, answering; yields its base URL and stops it after."""
+    import socket
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from gpufn_devcluster import processes
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import os
+
+    env = {**os.environ, **({"DAGSTER_HOME": dagster_home} if dagster_home else {})}
+    process = processes.start([sys.executable, "-m", "gpufn_dagster.cli", "serve", "--port", str(port), "--dir",
+                               str(classes_dir), "--token", token], env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(f"{base}/v1/gpu/classes", timeout=1)
+            except urllib.error.HTTPError:
+                return True  # answering (401 without the token)
+            except OSError:
+                return False
+            return True
+
+        wait_for(up, timeout=60, what="gpufn serve answering")
+        yield base
+    finally:
+        processes.stop(process, grace=10)
+
+
 # --- the embedded mode on a real instance, its queue daemon and a code location ---
 
 LOCAL_DEFS = Path(__file__).with_name("integration") / "local_defs.py"
@@ -354,3 +391,26 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOC
             yield instance, workspace, lambda: list(daemon.run_iteration(workspace)), lambda n: (gates / f"open-{n}").touch()
         finally:
             (gates / "open-all").touch()  # whatever happened, no run worker is left holding a slot
+
+
+def said(instance, run_id: str) -> str:
+    """Everything the run's event log says, one message a line."""
+    return "\n".join(e.message for e in instance.all_logs(run_id) if e.message)
+
+
+def finish(instance, queue_pass, run_id: str, timeout: float = 300) -> object:
+    """The run once it ended, passing the queue daemon meanwhile (embedded)."""
+    def ended():
+        queue_pass()
+        return instance.get_run_by_id(run_id).is_finished
+
+    wait_for(ended, timeout=timeout, what=f"run {run_id[:8]} ended")
+    return instance.get_run_by_id(run_id)
+
+
+def docs_column(name: str) -> list:
+    """The `docs` table's column in row order, in $GPUFN_LANCEDB_URI ([] while it does not exist)."""
+    import os
+
+    table = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"]).open_table("docs").to_arrow()
+    return table.column(name).to_pylist() if name in table.column_names else []

@@ -41,6 +41,12 @@ _set_async_exc.argtypes = [ctypes.c_ulong, ctypes.py_object]
 _set_async_exc.restype = ctypes.c_int
 
 
+def raise_in(thread: int, exception: type[BaseException]) -> None:
+    """Raise `exception` in `thread` at its next Python instruction (what a deadline does when it
+    passes; a terminated run's refresh does it to the Function's call in flight)."""
+    _set_async_exc(thread, ctypes.py_object(exception))
+
+
 class _Watchdog:
     """The process's deadlines: token -> (monotonic deadline, thread id), served by one daemon thread.
 
@@ -80,7 +86,7 @@ class _Watchdog:
                 for token, (due, thread) in list(self._armed.items()):
                     if due <= now:
                         del self._armed[token]
-                        _set_async_exc(thread, ctypes.py_object(RowTimeout))
+                        raise_in(thread, RowTimeout)
                 due = min((d for d, _ in self._armed.values()), default=None)
             ready, _, _ = select.select([self._wake_r], [], [], None if due is None else max(due - now, 0.0))
             if ready:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import FunctionFailed, RowTimeout
+from ..errors import FunctionFailed, RefreshStopped, RowTimeout
 from ..function_spec.error_policy import Decision
 from ..function_spec.functions import CallStyle, Function
 from .deadline import deadline
@@ -173,6 +173,8 @@ def call_function(
         try:
             with deadline(timeout and timeout * inputs.num_rows):
                 return _call_batch(call, function, inputs), []
+        except RefreshStopped:
+            raise  # the refresh stops (terminated): not the rows' error
         except Exception as err:
             oom, late = is_out_of_memory(err, call), isinstance(err, RowTimeout)
             if oom:
@@ -217,6 +219,8 @@ def _call_rows(call: Callable[..., Any], function: Function, inputs: pa.RecordBa
                 with deadline(function.row_timeout_seconds):
                     out.append(call(**dict(zip(function.inputs, args, strict=True))))
                 break
+            except RefreshStopped:
+                raise
             except Exception as err:
                 decision = function.on_error.decide(err, attempt, may_retry)
                 if decision.action == "retry":

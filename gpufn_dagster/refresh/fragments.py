@@ -93,6 +93,7 @@ class Attempt:
         self.call_lock = threading.Lock()
         self.stop = threading.Event()  # set when a fragment failed: the others end early
         self.first_errors: list[RowError] = []  # what a stop past the failure budget quotes
+        self.calling: int | None = None  # the thread in the Function's call, while one is in flight
         # The one thread that calls the Function (prefetch 0: each fragment thread calls it in turn).
         self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if self.prefetch else None
         names = [*self.function.columns, self.function.sig_column]
@@ -114,20 +115,30 @@ class Attempt:
         return done
 
     def compute(self, inputs: pa.RecordBatch, rows: Rows) -> tuple[pa.Array, list[RowError]]:
-        if self.stop.is_set():
-            raise RefreshStopped
         with self.call_lock:
+            if self.stop.is_set():
+                raise RefreshStopped
             self.instance.ready(self.progress, self.report)
             began = time.monotonic()
             try:
+                self.calling = threading.get_ident()
                 return self.instance.call(inputs, rows, self.fit)
             finally:
+                self.calling = None
                 done = time.monotonic()
                 self.progress.busy_seconds += done - began
                 if self.progress.first_values_at is None:
                     self.progress.first_values_at = done
                     self.progress.first_call_seconds = done - began
                 self.sizer.observe(inputs.num_rows, done - began, fits=self.fit.rows)
+
+    def halt(self, interrupt: bool) -> None:
+        """Stop the refresh's fragments between calls; with `interrupt` (the run was terminated) also
+        the Function's call in flight, so its GPU is free within seconds, not after the call."""
+        self.stop.set()
+        calling = self.calling
+        if interrupt and calling is not None:
+            self.instance.interrupt(calling)
 
     def close(self) -> None:
         if self.model is not None:
@@ -446,22 +457,24 @@ def compute_fragments(attempt: Attempt, work: Sequence[Any], workers: int,
     commit), and its error is the one raised.
     """
     error: BaseException | None = None
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh")
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufn-refresh") as pool:
-            futures = [pool.submit(step, attempt, item) for item in work]
-            for future in as_completed(futures):
-                try:
-                    if future.exception() is not None:
-                        raise future.exception()
-                    if on_done is not None:
-                        on_done(future.result())
-                except BaseException as err:  # noqa: BLE001 - the first failure stops the others, then is raised
-                    error = err
-                    attempt.stop.set()
-                    for other in futures:
-                        other.cancel()
-                    break
+        futures = [pool.submit(step, attempt, item) for item in work]
+        for future in as_completed(futures):
+            try:
+                if future.exception() is not None:
+                    raise future.exception()
+                if on_done is not None:
+                    on_done(future.result())
+            except Exception as err:  # noqa: BLE001 - the first failure stops the others, then is raised
+                error = err
+                attempt.halt(interrupt=False)
+                break
+    except BaseException:  # the run was terminated (Dagster's interrupt): stop the call in flight too
+        attempt.halt(interrupt=True)
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         attempt.close()
     if error is not None:
         raise error

@@ -47,7 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..classes import GpuClass
-from ..errors import FunctionDefinitionError, FunctionFailed
+from ..errors import FunctionDefinitionError, FunctionFailed, RefreshStopped
 from ..function_spec.functions import Function
 from ..procfs import alive, command_words, running_module, stat_fields
 from ..tags import time_tag
@@ -156,6 +156,7 @@ class WarmInstance(FunctionInstance):
         self.connection: Connection | None = None
         self.record: dict[str, Any] | None = None
         self.started: subprocess.Popen | None = None
+        self.interrupted = False  # the run was terminated mid-call: the process was ended on purpose
 
     def ready(self, progress: Progress, report: Callable[[Progress], None] | None) -> None:
         if self.connection is not None:
@@ -245,6 +246,8 @@ class WarmInstance(FunctionInstance):
             reply = self.connection.recv()
         except (EOFError, OSError) as err:
             self.connection = None
+            if self.interrupted:
+                raise RefreshStopped from err
             log = self.slot.directory / f"{self.key}.log"
             raise FunctionFailed(
                 f"Function {self.function.name!r}: its warm instance's process (pid {self.record['pid']}) on local slot "
@@ -255,6 +258,13 @@ class WarmInstance(FunctionInstance):
         _, values, errors, fit.rows, splits = reply
         fit.splits += splits
         return values, errors
+
+    def interrupt(self, thread: int) -> None:
+        """The run was terminated mid-call: end the instance's process, which frees its GPU at once
+        (a model's call cannot be stopped from this process); the next step loads a fresh one."""
+        self.interrupted = True
+        if self.record is not None:
+            _end(self.record["pid"])
 
     def close(self) -> None:
         """End this step's use; the instance stays loaded for the next step."""

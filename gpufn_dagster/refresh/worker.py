@@ -16,9 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import RefreshStopped
 from ..function_spec.functions import Function
 from .batches import BatchSizer
 from .checkpoint import CheckpointStore
+from .deadline import raise_in
 from .execute import BatchFit, RowError, Rows, call_function
 from .files import TableFiles
 from .leftovers import WrittenFiles
@@ -63,6 +65,11 @@ class FunctionInstance:
     def call(self, inputs: pa.RecordBatch, rows: Rows, fit: BatchFit) -> tuple[pa.Array, list[RowError]]:
         """Values for the rows of one call and the rows that failed (`execute.call_function`)."""
         return call_function(self._call, self.function, inputs, rows, fit)
+
+    def interrupt(self, thread: int) -> None:
+        """Stop the call in flight on `thread` (the run was terminated): `RefreshStopped` is raised
+        inside it at its next Python instruction (`deadline.raise_in`)."""
+        raise_in(thread, RefreshStopped)
 
     def close(self) -> None:
         """Release what the callable holds (its `close()`, when it has one)."""

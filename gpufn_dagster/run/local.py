@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dagster import DagsterRunStatus, RunsFilter
-from dagster import DagsterRun, QueuedRunCoordinator, SubmitRunContext
+from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
 from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
 from ..dagster_private import EngineEventData
@@ -38,6 +38,7 @@ from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GP
                     CapacityReason, CapacityState, RunKind, gpu_pool, pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
 from .estimate import waited_tag
+from .gauges import ClassGauges, embedded_gauges
 from .history import report_estimates
 from .pools import StepWait, step_waits, wait_message
 from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
@@ -45,6 +46,30 @@ from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 
 # A run held because the class files do not load never leaves the queue while that lasts.
 HELD_BY_INVALID_CLASSES = {"key": CAPACITY_REASON_TAG, "value": CapacityReason.CLASSES_INVALID.value, "limit": 0}
+
+
+def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[StepWait], dict[str, list[tuple[str, str]]]]:
+    """The GPU steps waiting for each class's local slots (first in line first), and the (run id,
+    step key) of each step holding one, per class: Dagster's pool state, as the coordinator's sweep
+    and the `/metrics` gauges read it."""
+    infos = instance.event_log_storage.get_concurrency_infos([gpu_pool(name) for name in classes])
+    waits: list[StepWait] = []
+    claimed: dict[str, list[tuple[str, str]]] = {}
+    for pool, info in infos.items():
+        claimed[pool_class(pool)] = [(s.run_id, s.step_key) for s in info.claimed_slots]
+        waits += step_waits(
+            pool_class(pool),
+            [(p.run_id, p.step_key, p.enqueued_timestamp.timestamp(), p.priority or 0)
+             for p in info.pending_steps if p.assigned_timestamp is None],
+            claimed[pool_class(pool)])
+    return waits, claimed
+
+
+def embedded_class_gauges(instance: DagsterInstance, classes: Mapping[str, GpuClass], now: float) -> list[ClassGauges]:
+    """Each class's gauges now, in the embedded mode: its local slots, those claimed, who waits."""
+    waits, claimed = slot_waits(instance, classes)
+    return embedded_gauges({name: c.local.slots for name, c in classes.items()}, waits,
+                           {name: len(steps) for name, steps in claimed.items()}, now)
 
 
 class GpuQueuedRunCoordinator(QueuedRunCoordinator):
@@ -163,14 +188,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
 
     def _report_waits(self, classes: Mapping[str, GpuClass], now: float) -> None:
         """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits end."""
-        infos = self._instance.event_log_storage.get_concurrency_infos([gpu_pool(name) for name in classes])
-        waits: list[StepWait] = []
-        for pool, info in infos.items():
-            waits += step_waits(
-                pool_class(pool),
-                [(p.run_id, p.step_key, p.enqueued_timestamp.timestamp(), p.priority or 0)
-                 for p in info.pending_steps if p.assigned_timestamp is None],
-                [(s.run_id, s.step_key) for s in info.claimed_slots])
+        waits, claimed = slot_waits(self._instance, classes)
         by_run: dict[str, list[StepWait]] = defaultdict(list)
         for wait in waits:
             by_run[wait.run_id].append(wait)
@@ -180,7 +198,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
                 if self._report_run_waits(run, run_waits, waits, classes, now):
                     still_waiting[run_id] = run
-        holding = {s.run_id for info in infos.values() for s in info.claimed_slots} - set(by_run)
+        holding = {run_id for steps in claimed.values() for run_id, _ in steps} - set(by_run)
         self._tag_holders(holding, set(by_run), now)  # before the estimates: holders are what the line waits on
         self._estimate(waits, still_waiting, classes, now)
 

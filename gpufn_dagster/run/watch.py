@@ -46,6 +46,7 @@ from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, PLACEMENT_TAG, RUN_
 from . import kueue
 from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
                        pod_verdict, queue_positions)
+from .gauges import ClassGauges, store_gauges
 from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
@@ -58,10 +59,12 @@ _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "
 
 @dataclass
 class ClassReport:
-    waiting: int = 0
+    waiting: int = 0  # GPU pods (a run's, or a shard step's) waiting for the class
     longest_wait_seconds: float = 0.0
     running: int = 0
     estimate_last: str = ""  # the wait estimate of the last run in line
+    waiting_runs: set[str] = field(default_factory=set)
+    gpus_in_use: int = 0  # GPUs requested by the placed pods
 
 
 @dataclass
@@ -73,13 +76,22 @@ class TickReport:
     deleted_jobs: list[str] = field(default_factory=list)
     runs_checked: int = 0
 
-    def count(self, gpu_class: str, decision: Decision) -> None:
+    def count(self, gpu_class: str, decision: Decision, run: Any) -> None:
         stats = self.classes[gpu_class]
         if decision.state is CapacityState.WAITING:
             stats.waiting += 1
+            stats.waiting_runs.add(run.run_id)
             stats.longest_wait_seconds = max(stats.longest_wait_seconds, decision.waited_seconds)
         elif decision.state is CapacityState.SCHEDULED:
             stats.running += 1
+            stats.gpus_in_use += int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
+
+    def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any]) -> list[ClassGauges]:
+        """Every class's gauges from this tick's decisions and the class's nodes."""
+        return [ClassGauges(name, "gpu", class_gpus(gpu_class, nodes), self.classes[name].gpus_in_use,
+                            self.classes[name].waiting, len(self.classes[name].waiting_runs),
+                            self.classes[name].longest_wait_seconds)
+                for name, gpu_class in sorted(classes.items())]
 
     def summary(self) -> str:
         parts = [f"{name}: {r.waiting} waiting (longest {r.longest_wait_seconds:.0f}s"
@@ -195,9 +207,10 @@ class CapacityWatcher:
         lines = self._lines(seen, now)
         for run, decision, job, gpu_class in self._judge(seen, lines, now):
             if gpu_class is not None:
-                report.count(gpu_class, decision)
+                report.count(gpu_class, decision, run)
             self._apply(run, decision, job, report)
         self._estimate(lines, seen.nodes, report, now)
+        store_gauges(self.instance, report.gauges(self.classes, seen.nodes), now)
         self._delete_orphans(seen.jobs, report)
         release_ended_runs(self.instance)
         return report

@@ -18,6 +18,7 @@ from gpufn_dagster.run.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
+from gpufn_dagster.run.gauges import stored_gauges
 from gpufn_dagster.tags import CAPACITY_REASON_TAG, GPU_CLASS_TAG, CapacityReason
 
 from ..helpers import a100, event_metadata, fanned_out_run, gpu_pod, launcher_config, materialize, shard_step_pods
@@ -68,6 +69,13 @@ def unschedulable(core, namespace: str, run_id: str) -> bool:
     return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
 
 
+def class_gauges(instance: DagsterInstance, gpu_class: str) -> tuple:
+    """(unit, capacity, in use, steps waiting, runs waiting) of the class, as the last tick stored them."""
+    gauges, _ = stored_gauges(instance)
+    (g,) = [g for g in gauges if g.gpu_class == gpu_class]
+    return g.unit, g.total, g.in_use, g.steps_waiting, g.runs_waiting
+
+
 def messages(instance: DagsterInstance, run_id: str) -> list[str]:
     return [e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message]
 
@@ -94,6 +102,11 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     assert f"Insufficient nvidia.com/gpu: {NODES_PER_CLASS} of" in event["Reasons"]  # the same, counted per reason
     assert report.classes["a100-80gb"].waiting == 1
     assert run_pod(core, namespace, run_id).spec.node_name is None  # no fallback to any other node
+    # The tick's gauges, as `gpufn serve`'s /metrics reads them from the instance.
+    gpus = sum(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in core.list_node().items
+               if all((n.metadata.labels or {}).get(k) == v for k, v in a100().node_selector.items()))
+    assert gpus == NODES_PER_CLASS * a100().max_gpu_count_per_worker  # the pool the fillers fill
+    assert class_gauges(instance, "a100-80gb") == ("gpu", gpus, 0, 1, 1)  # the fillers are not GPU runs
 
     watcher.tick()  # nothing changed: no second event
     # (On a loaded machine the scheduler's reasons can really change between ticks -- a KWOK node
@@ -107,6 +120,7 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     run = instance.get_run_by_id(run_id)
     assert run.tags["gpufn/capacity"] == "scheduled"
     assert [m["Node"] for m in event_metadata(instance, run_id) if "Node" in m] == [node]
+    assert class_gauges(instance, "a100-80gb") == ("gpu", gpus, 2, 0, 0)  # its 2 GPUs in use, none waiting
 
 
 def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher, full_a100_pool):

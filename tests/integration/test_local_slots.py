@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import lancedb
@@ -17,7 +19,7 @@ from dagster import DagsterEventType, DagsterRunStatus
 
 
 from ..conftest import wait_for
-from ..helpers import LOCAL_DEFS as DEFS, embedded, event_metadata, submit
+from ..helpers import LOCAL_DEFS as DEFS, embedded, event_metadata, gpufn_serve, submit
 
 def messages(instance, run_id: str) -> str:
     return "\n".join(e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message)
@@ -41,6 +43,13 @@ def holder_and_waiter(instance, runs: set[str]) -> tuple[str, str]:
     (holder,), (waiter,) = holders(instance), pending(instance)
     assert {holder, waiter} == runs
     return holder, waiter
+
+
+def scraped(text: str, gpu_class: str) -> dict[str, float]:
+    """One class's gauges from Prometheus' text format: figure -> value."""
+    prefix, label = "gpufn_gpu_class_", f'{{gpu_class="{gpu_class}",'
+    return {line.split("{")[0][len(prefix):]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(prefix) and label in line}
 
 
 def succeeded_steps(instance, run_id: str) -> set[str]:
@@ -78,6 +87,16 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         listed = subprocess.run([sys.executable, "-m", "gpufn_dagster.cli", "capacity", "--json"], check=True,
                                 capture_output=True, text=True, env={**os.environ, "DAGSTER_HOME": instance.root_directory})
         assert [r["run_id"] for r in json.loads(listed.stdout)["default"]] == [second]
+        # ... and Prometheus' view: `gpufn serve`'s /metrics, under its token, during the wait.
+        with gpufn_serve(classes_dir, "t0ken", instance.root_directory) as base:
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(f"{base}/metrics", timeout=30)  # the same token rule as /v1/gpu/classes
+            asked = urllib.request.Request(f"{base}/metrics", headers={"Authorization": "Bearer t0ken"})
+            gauges = scraped(urllib.request.urlopen(asked, timeout=60).read().decode(), "default")
+            since_created = time.time() - instance.get_run_record_by_id(second).create_timestamp.timestamp()
+        assert {k: gauges[k] for k in ("capacity", "in_use", "steps_waiting", "runs_waiting")} == {
+            "capacity": 1, "in_use": 1, "steps_waiting": 1, "runs_waiting": 1}
+        assert 0 < gauges["longest_wait_seconds"] < since_created  # it waits since its step asked, after the run began
 
         open_gate(1)
         wait_for(lambda: instance.get_run_by_id(first).status == DagsterRunStatus.SUCCESS, timeout=240,

@@ -4,10 +4,8 @@ rejected whole, with the file, class and field named."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,9 +15,9 @@ import yaml
 
 from gpufn_dagster import GpuClassError, list_gpu_classes, load_gpu_classes
 from gpufn_dagster.classes import cached_gpu_classes
-from gpufn_devcluster import processes
 
 from ..conftest import CLASSES
+from ..helpers import gpufn_serve
 
 GPUFN = [sys.executable, "-m", "gpufn_dagster.cli"]
 
@@ -115,23 +113,8 @@ def test_cli_reports_bad_classes_without_traceback(classes_dir):
 
 @pytest.fixture
 def api_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = processes.start([*GPUFN, "serve", "--port", str(port), "--dir", str(CLASSES), "--token", "s3cret"])
-    url = f"http://127.0.0.1:{port}/v1/gpu/classes"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-        except urllib.error.HTTPError:
-            break  # up (401 without a token)
-        except OSError:
-            time.sleep(0.2)
-    try:
-        yield url
-    finally:
-        processes.stop(process, grace=10)
+    with gpufn_serve(CLASSES, "s3cret") as base:
+        yield f"{base}/v1/gpu/classes"
 
 
 def test_http_api_lists_classes_with_bearer_token(api_server):

@@ -1,0 +1,97 @@
+"""Gauges per GPU class, for Prometheus and the operator: capacity, use, who waits and for how long.
+
+Built from the same decisions the waits are reported from -- the embedded coordinator's
+`pools.step_waits` over Dagster's pool state, read when asked, or a capacity watcher tick's
+decisions on Kubernetes, which each tick stores in the instance's key-value store (`store_gauges`;
+what `gpufn serve` reads, wherever it runs) -- and written in Prometheus' text exposition format
+(`gpufn serve`'s `/metrics`). Embedded, the unit is a local slot; on Kubernetes, a GPU of the
+class's resource. Pure but for those two small reads and writes of the instance.
+
+Example:
+    >>> from gpufn_dagster.run.pools import step_waits
+    >>> waits = step_waits("l4", [("r2", "emb", 100.0, 0)], [("r1", "emb")])
+    >>> (g,) = embedded_gauges({"l4": 1}, waits, {"l4": 1}, now=130.0)
+    >>> (g.total, g.in_use, g.steps_waiting, g.runs_waiting, g.longest_wait_seconds)
+    (1, 1, 1, 1, 30.0)
+    >>> print(prometheus_text([g]).splitlines()[2])
+    gpufn_gpu_class_capacity{gpu_class="l4",unit="slot"} 1
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ..tags import CLASS_GAUGES_KEY
+from .pools import StepWait
+
+
+@dataclass(frozen=True)
+class ClassGauges:
+    """One class's gauges at one moment."""
+
+    gpu_class: str
+    unit: Literal["slot", "gpu"]  # embedded: local slots; Kubernetes: GPUs of the class's resource
+    total: int  # slots, or allocatable GPUs over the class's nodes
+    in_use: int  # slots claimed, or GPUs requested by the class's placed GPU runs
+    steps_waiting: int  # GPU steps waiting for the class (embedded: each step claims its own slot)
+    runs_waiting: int
+    longest_wait_seconds: float
+
+
+def embedded_gauges(slots: Mapping[str, int], waits: Iterable[StepWait], claimed: Mapping[str, int],
+                    now: float) -> list[ClassGauges]:
+    """Each class's gauges from its local slots, the waiting steps and the slots claimed now."""
+    by_class: dict[str, list[StepWait]] = {name: [] for name in slots}
+    for wait in waits:
+        by_class.setdefault(wait.gpu_class, []).append(wait)
+    return [ClassGauges(name, "slot", slots.get(name, 0), claimed.get(name, 0), len(line),
+                        len({w.run_id for w in line}), max((now - w.since for w in line), default=0.0))
+            for name, line in sorted(by_class.items())]
+
+
+_HELP = {
+    "capacity": "Slots (embedded) or GPUs (Kubernetes) the GPU class has in all.",
+    "in_use": "Slots claimed, or GPUs requested by placed GPU runs, of the class.",
+    "steps_waiting": "GPU steps waiting for the class.",
+    "runs_waiting": "Runs with a GPU step or pod waiting for the class.",
+    "longest_wait_seconds": "How long the longest waiter of the class has waited.",
+}
+
+
+def prometheus_text(gauges: Iterable[ClassGauges], age_seconds: float | None = None) -> str:
+    """The gauges in Prometheus' text exposition format (version 0.0.4), one family per figure;
+    `age_seconds`: how old a stored tick's gauges are (said as a gauge of its own)."""
+    gauges = list(gauges)
+    figures = {"capacity": lambda g: g.total, "in_use": lambda g: g.in_use, "steps_waiting": lambda g: g.steps_waiting,
+               "runs_waiting": lambda g: g.runs_waiting, "longest_wait_seconds": lambda g: round(g.longest_wait_seconds, 3)}
+    lines: list[str] = []
+    for name, value in figures.items():
+        family = f"gpufn_gpu_class_{name}"
+        lines += [f"# HELP {family} {_HELP[name]}", f"# TYPE {family} gauge"]
+        lines += [f'{family}{{gpu_class="{_escape(g.gpu_class)}",unit="{g.unit}"}} {value(g)}' for g in gauges]
+    if age_seconds is not None:
+        lines += ["# HELP gpufn_gpu_class_gauges_age_seconds Seconds since the capacity tick that observed these gauges.",
+                  "# TYPE gpufn_gpu_class_gauges_age_seconds gauge", f"gpufn_gpu_class_gauges_age_seconds {age_seconds:.1f}"]
+    return "\n".join(lines) + "\n"
+
+
+def store_gauges(instance: Any, gauges: Iterable[ClassGauges], now: float) -> None:
+    """Keep a watcher tick's gauges where `/metrics` reads them (any process on the same instance)."""
+    instance.run_storage.set_cursor_values({CLASS_GAUGES_KEY: json.dumps(
+        {"observed_at": now, "classes": [asdict(g) for g in gauges]})})
+
+
+def stored_gauges(instance: Any) -> tuple[list[ClassGauges], float] | None:
+    """The last tick's gauges and when it observed them (None: no tick stored any yet)."""
+    text = instance.run_storage.get_cursor_values({CLASS_GAUGES_KEY}).get(CLASS_GAUGES_KEY)
+    if not text:
+        return None
+    data = json.loads(text)
+    return [ClassGauges(**g) for g in data["classes"]], float(data["observed_at"])
+
+
+def _escape(label: str) -> str:
+    return label.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
