@@ -13,6 +13,7 @@ containernetworking-plugins and postgresql (the test command installs them as ro
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,80 @@ def test_a_shard_waiting_for_the_gpu_is_reported_by_the_daemons_sensor_and_a_del
         assert all(value == text.upper() for text, value in zip(data["text"], data["shout"], strict=True))
     finally:
         core.patch_node_status(node, {"status": {"capacity": {"nvidia.com/gpu": "2"}}})
+
+
+TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+
+
+def _graphql(deployment: Deployed, query: str, variables: dict) -> dict:
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    return execute_dagster_graphql(deployment.deployment.context.create_request_context(), query,
+                                   variables=variables).data
+
+
+def test_terminating_a_fanned_out_run_mid_refresh_deletes_its_pods_and_reexecution_recomputes_no_checkpointed_row(
+        deployment, core, object_store):
+    from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
+
+    table = lancedb.connect(deployment.db_uri, storage_options=object_store.storage_options).open_table("docs")
+    start = table.count_rows()
+    for offset in (0, FRAGMENT_ROWS):
+        table.add(_docs(start + offset, FRAGMENT_ROWS))
+
+    def uncomputed() -> set[str]:
+        data = TableFiles(f"{deployment.db_uri}/docs.lance", object_store.storage_options).dataset()
+        if "shout" not in data.schema.names:
+            return set(data.to_table(columns=["text"]).column("text").to_pylist())
+        return set(data.to_table(columns=["text"], filter="shout IS NULL").column("text").to_pylist())
+
+    pending = uncomputed()  # the rows just added (and all, when this test runs first)
+    before = len(deployment.computed())
+    run_id = deployment.launch()
+    # Both shards compute (0.02 s a row) for more than one checkpoint interval (10 s) before the terminate.
+    wait_for(lambda: len(deployment.computed()) > before + 1200, timeout=600, what="the shards 12 s into their rows")
+    asked = time.monotonic()
+    answer = _graphql(deployment, TERMINATE, {"runId": run_id})
+    assert answer["terminateRun"]["__typename"] == "TerminateRunSuccess", answer
+    run = deployment.finished(run_id, core)
+    canceled_after = time.monotonic() - asked
+    assert run.status == dg.DagsterRunStatus.CANCELED, _pods_text(core, deployment.namespace, deployment.node,
+                                                                  deployment.cpu_node)
+
+    def no_pod_left() -> bool:  # every Job of the run deleted or done: no pod holds the GPU node
+        pods = core.list_namespaced_pod(deployment.namespace, label_selector=f"dagster/run-id={run_id}").items
+        return not [p for p in pods if p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None]
+    wait_for(no_pod_left, timeout=120, what="the run's pods gone")
+    freed_after = time.monotonic() - asked
+    done_by_canceled = deployment.computed()[before:]
+    time.sleep(3)
+    assert deployment.computed()[before:] == done_by_canceled  # the Function stopped with its pods
+    assert uncomputed() == pending  # nothing committed
+    print(f"terminate -> CANCELED {canceled_after:.1f} s, pods gone {freed_after:.1f} s, "
+          f"{len(done_by_canceled)} rows computed before")
+    # What the shards had checkpointed when they stopped (each chunk holds its rows' values: the text, upper).
+    files = TableFiles(f"{deployment.db_uri}/docs.lance", object_store.storage_options)
+    checkpointed: set[str] = set()
+    for name in files.names("_gpufn/checkpoints"):
+        if name.endswith(".arrow"):
+            reader = pa.ipc.open_file(pa.py_buffer(files.read(f"_gpufn/checkpoints/{name}")))
+            checkpointed |= {v.lower() for v in reader.read_all().column("shout").to_pylist() if v is not None}
+    assert checkpointed and checkpointed <= set(done_by_canceled)
+
+    launched = _graphql(deployment, LAUNCH_PIPELINE_REEXECUTION_MUTATION, {"reexecutionParams": {
+        "parentRunId": run_id, "strategy": "FROM_FAILURE"}})["launchPipelineReexecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    again = deployment.finished(launched["run"]["runId"], core)
+    assert again.status == dg.DagsterRunStatus.SUCCESS, _pods_text(core, deployment.namespace, deployment.node,
+                                                                   deployment.cpu_node)
+    redone = deployment.computed()[before + len(done_by_canceled):]
+    assert set(done_by_canceled) | set(redone) == pending and not uncomputed()  # every row computed...
+    recomputed = set(done_by_canceled) & set(redone)
+    assert not recomputed & checkpointed  # ...and no row the canceled run had checkpointed again
+    assert recomputed == set(done_by_canceled) - checkpointed  # (only those computed after the last checkpoint)
+    print(f"re-execution recomputed {len(recomputed)} of the {len(done_by_canceled)} rows the canceled run computed "
+          f"({len(checkpointed)} checkpointed)")
 
 
 def _pods_text(core, namespace: str, *nodes: RealNode) -> str:
