@@ -18,10 +18,12 @@ from typing import Any
 
 import dagster as dg
 
-from ..errors import FunctionDefinitionError
+from ..classes import cached_gpu_classes
+from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.columns import is_function_column
 from ..refresh.signature import unsupported_reason
 from ..run.executor import gpu_classes_executor
+from ..run.gauges import CAPACITY_SENSOR, capacity_specs
 from ..function_spec.functions import Function
 from ..tags import READS_METADATA_KEY
 from .asset_spec import declared_in, function_of, reads_metadata
@@ -126,6 +128,17 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
         raise FunctionDefinitionError("\n".join(problems))
 
 
+def _capacity_assets(sensors: Sequence[Any]) -> list[dg.AssetSpec]:
+    """With the gpu_capacity sensor, one asset per GPU class for its ticks' observations (none when
+    the class files do not load: the sensor's ticks say why)."""
+    if not any(getattr(sensor, "name", None) == CAPACITY_SENSOR for sensor in sensors):
+        return []
+    try:
+        return capacity_specs(cached_gpu_classes())
+    except GpuClassError:
+        return []
+
+
 def build_definitions(
     *,
     assets: Sequence[Any],
@@ -142,7 +155,9 @@ def build_definitions(
 
     Each Function reading another's column is chained after it (`chain_functions`), every table is
     checked against its Functions (`check_tables`), and partitioned Functions get their table's
-    rows per partition as an external asset (`table_partitions`), unless `assets` defines it.
+    rows per partition as an external asset (`table_partitions`), unless `assets` defines it. With
+    the `gpu_capacity` sensor among `sensors`, each GPU class gets an external asset,
+    `gpu_capacity/<class>`, whose observations are the sensor ticks' gauges.
 
     Args:
         assets: Function assets (`gpu_function`, `function_asset`), views and any other assets.
@@ -161,8 +176,9 @@ def build_definitions(
     defined = {key for asset in assets for key in (asset.keys if isinstance(asset, dg.AssetsDefinition)
                                                    else [getattr(asset, "key", None)])}
     rows = [spec for spec in partitions_assets(_functions(assets).values()) if spec.key not in defined]
+    capacity = [spec for spec in _capacity_assets(sensors) if spec.key not in defined]
     return dg.Definitions(
-        assets=[*(with_table_uri(asset, database.uri) for asset in chain_functions(assets)), *rows],
+        assets=[*(with_table_uri(asset, database.uri) for asset in chain_functions(assets)), *rows, *capacity],
         asset_checks=list(asset_checks),
         schedules=list(schedules),
         sensors=list(sensors),

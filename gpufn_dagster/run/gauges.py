@@ -24,7 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ..tags import CLASS_GAUGES_KEY
+import dagster as dg
+
+from ..tags import CLASS_GAUGES_KEY, CLASS_LABEL, COUNT_LABEL
 from .pools import StepWait
 
 
@@ -35,8 +37,8 @@ class ClassGauges:
     gpu_class: str
     unit: Literal["slot", "gpu"]  # embedded: local slots; Kubernetes: GPUs of the class's resource
     total: int  # slots, or allocatable GPUs over the class's nodes
-    in_use: int  # slots claimed, or GPUs requested by the class's placed GPU runs
-    steps_waiting: int  # GPU steps waiting for the class (embedded: each step claims its own slot)
+    in_use: int  # slots claimed, or GPUs of the class's GPU run and shard pods placed on a node
+    steps_waiting: int  # GPU steps waiting for a slot, or GPU run and shard pods not placed yet
     runs_waiting: int
     longest_wait_seconds: float
 
@@ -91,6 +93,59 @@ def stored_gauges(instance: Any) -> tuple[list[ClassGauges], float] | None:
         return None
     data = json.loads(text)
     return [ClassGauges(**g) for g in data["classes"]], float(data["observed_at"])
+
+
+def pod_counts(pods: Iterable[Any]) -> dict[str, tuple[int, int]]:
+    """Per class, from the GPU pods of runs (a run's pod or a shard's, labelled with their class and
+    GPU count): (GPUs of the pods placed on a node and not finished, pods not placed yet).
+
+    >>> from types import SimpleNamespace as O
+    >>> def pod(node, phase="Running", cls="l4", n="2"):
+    ...     return O(metadata=O(labels={CLASS_LABEL: cls, COUNT_LABEL: n}), spec=O(node_name=node), status=O(phase=phase))
+    >>> pod_counts([pod("n1"), pod(None, "Pending"), pod("n2", "Succeeded"), pod(None, "Pending", "a100", "1")])
+    {'l4': (2, 1), 'a100': (0, 1)}
+    """
+    counts: dict[str, list[int]] = {}
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        if CLASS_LABEL not in labels or pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        entry = counts.setdefault(labels[CLASS_LABEL], [0, 0])
+        if pod.spec.node_name:
+            entry[0] += int(labels.get(COUNT_LABEL, "1"))
+        else:
+            entry[1] += 1
+    return {name: (placed, waiting) for name, (placed, waiting) in counts.items()}
+
+
+CAPACITY_SENSOR = "gpu_capacity"  # the capacity sensor's name (`watch.capacity_sensor`)
+CAPACITY_GROUP = "gpu_capacity"  # the asset group (and key prefix) of the classes' capacity assets
+
+
+def capacity_asset_key(gpu_class: str) -> dg.AssetKey:
+    """The external asset whose observations carry the class's gauges: `gpu_capacity/<class>`."""
+    return dg.AssetKey([CAPACITY_GROUP, gpu_class])
+
+
+def capacity_specs(class_names: Iterable[str]) -> list[dg.AssetSpec]:
+    """One external asset per class, so the capacity sensor's observations of it show (and plot)
+    on its asset page."""
+    return [dg.AssetSpec(capacity_asset_key(name), group_name=CAPACITY_GROUP, kinds={"gpu"},
+                         description=f"GPU class {name!r}: its capacity, use and waits, observed by each gpu_capacity "
+                                     "sensor tick.") for name in sorted(class_names)]
+
+
+def observations(gauges: Iterable[ClassGauges]) -> list[dg.AssetObservation]:
+    """A tick's gauges as asset observations, one per class (what the sensor's tick records).
+
+    >>> g = ClassGauges("l4", "gpu", 8, 6, 3, 2, 41.5)
+    >>> sorted(observations([g])[0].metadata)
+    ['capacity', 'in_use', 'longest_wait_seconds', 'runs_waiting', 'steps_waiting', 'unit']
+    """
+    return [dg.AssetObservation(capacity_asset_key(g.gpu_class), metadata={
+        "unit": g.unit, "capacity": dg.IntMetadataValue(g.total), "in_use": dg.IntMetadataValue(g.in_use),
+        "steps_waiting": dg.IntMetadataValue(g.steps_waiting), "runs_waiting": dg.IntMetadataValue(g.runs_waiting),
+        "longest_wait_seconds": dg.FloatMetadataValue(round(g.longest_wait_seconds, 1))}) for g in gauges]
 
 
 def _escape(label: str) -> str:

@@ -46,7 +46,7 @@ from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, PLACEMENT_TAG, RUN_
 from . import kueue
 from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
                        pod_verdict, queue_positions)
-from .gauges import ClassGauges, store_gauges
+from .gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
 from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
@@ -64,7 +64,6 @@ class ClassReport:
     running: int = 0
     estimate_last: str = ""  # the wait estimate of the last run in line
     waiting_runs: set[str] = field(default_factory=set)
-    gpus_in_use: int = 0  # GPUs requested by the placed pods
 
 
 @dataclass
@@ -75,6 +74,7 @@ class TickReport:
     failed_runs: list[str] = field(default_factory=list)
     deleted_jobs: list[str] = field(default_factory=list)
     runs_checked: int = 0
+    stored: list[ClassGauges] = field(default_factory=list)  # every class's gauges, as the tick stored them
 
     def count(self, gpu_class: str, decision: Decision, run: Any) -> None:
         stats = self.classes[gpu_class]
@@ -84,12 +84,13 @@ class TickReport:
             stats.longest_wait_seconds = max(stats.longest_wait_seconds, decision.waited_seconds)
         elif decision.state is CapacityState.SCHEDULED:
             stats.running += 1
-            stats.gpus_in_use += int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
 
-    def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any]) -> list[ClassGauges]:
-        """Every class's gauges from this tick's decisions and the class's nodes."""
-        return [ClassGauges(name, "gpu", class_gpus(gpu_class, nodes), self.classes[name].gpus_in_use,
-                            self.classes[name].waiting, len(self.classes[name].waiting_runs),
+    def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any], pods: list[Any]) -> list[ClassGauges]:
+        """Every class's gauges: its GPUs from its nodes, use and pods not placed from the GPU pods
+        the tick read, runs waiting and the longest wait from its decisions."""
+        counts = pod_counts(pods)
+        return [ClassGauges(name, "gpu", class_gpus(gpu_class, nodes), counts.get(name, (0, 0))[0],
+                            counts.get(name, (0, 0))[1], len(self.classes[name].waiting_runs),
                             self.classes[name].longest_wait_seconds)
                 for name, gpu_class in sorted(classes.items())]
 
@@ -210,7 +211,8 @@ class CapacityWatcher:
                 report.count(gpu_class, decision, run)
             self._apply(run, decision, job, report)
         self._estimate(lines, seen.nodes, report, now)
-        store_gauges(self.instance, report.gauges(self.classes, seen.nodes), now)
+        report.stored = report.gauges(self.classes, seen.nodes, seen.pods)
+        store_gauges(self.instance, report.stored, now)
         self._delete_orphans(seen.jobs, report)
         release_ended_runs(self.instance)
         return report
@@ -441,11 +443,12 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         'gpu_capacity'
     """
 
-    @dg.sensor(name="gpu_capacity", minimum_interval_seconds=minimum_interval_seconds,
+    @dg.sensor(name=CAPACITY_SENSOR, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
                description="Reports GPU runs waiting for capacity on Kubernetes, per class; enforces max_wait; "
-                           "deletes Jobs of runs that ended while their pod waited.")
-    def gpu_capacity(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+                           "deletes Jobs of runs that ended while their pod waited; observes each class's gauges "
+                           "(gpu_capacity/<class> assets).")
+    def gpu_capacity(context: dg.SensorEvaluationContext) -> dg.SkipReason | dg.SensorResult:
         launcher = context.instance.run_launcher
         if not isinstance(launcher, GpuK8sRunLauncher):
             return dg.SkipReason("the run launcher is not GpuK8sRunLauncher; local GPU slots are waited for in "
@@ -470,6 +473,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
                                              "waiting and the next tick starts afresh.",
                             when_rejected="Runs keep waiting; fix the sensor's access to the API.") from err
         context.log.info(report.summary())
-        return dg.SkipReason(report.summary())
+        # The tick's gauges, each class's as an observation of its gpu_capacity/<class> asset.
+        return dg.SensorResult(skip_reason=report.summary(), asset_events=observations(report.stored))
 
     return gpu_capacity

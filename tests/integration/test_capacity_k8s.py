@@ -359,7 +359,9 @@ def test_broken_class_files_skip_the_sensor_tick_refuse_new_gpu_runs_and_let_cpu
 
     l4.write_text(good)  # fixed: the next tick judges the waiting run again
     result = capacity_sensor()(dg.build_sensor_context(instance=instance))
-    assert "a100-80gb: 1 waiting" in result.skip_message, result.skip_message
+    assert "a100-80gb: 1 waiting" in result.skip_reason.skip_message, result.skip_reason.skip_message
+    observed = {e.asset_key.to_user_string(): e.metadata["runs_waiting"].value for e in result.asset_events}
+    assert observed["gpu_capacity/a100-80gb"] == 1  # the tick's gauges, as observations of each class's asset
 
 
 def test_orphan_cleanup_leaves_a_job_being_deleted_alone_and_a_job_already_gone_is_deleted(

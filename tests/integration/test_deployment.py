@@ -152,6 +152,20 @@ def test_a_shard_waiting_for_the_gpu_is_reported_by_the_daemons_sensor_and_a_del
         assert "docs__shout_shard" in waiting[0] and "class 'l4'" in waiting[0], waiting
         assert deployment.instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
 
+        # The sensor's ticks observe class l4's gauges on its gpu_capacity/l4 asset: the node's one GPU
+        # held by a shard, the other shard's pod not placed, one run waiting.
+        def observed_wait() -> dict | None:
+            records = deployment.instance.fetch_observations(dg.AssetKey(["gpu_capacity", "l4"]), limit=10).records
+            return next(({k: v.value for k, v in r.asset_observation.metadata.items()} for r in records
+                         if r.asset_observation.metadata["steps_waiting"].value == 1), None)
+        gauges = wait_for(observed_wait, timeout=120, what="a tick's observation of class l4 with a shard waiting")
+        l4 = load_gpu_classes(deployment.deployment.classes_dir)["l4"]
+        gpus = sum(int((n.status.allocatable or {}).get(l4.resource_name, "0")) for n in core.list_node().items
+                   if all((n.metadata.labels or {}).get(k) == v for k, v in l4.node_selector.items()))
+        assert (gauges["unit"], gauges["capacity"], gauges["in_use"], gauges["runs_waiting"]) == ("gpu", gpus, 1, 1), \
+            gauges
+        assert "gpu_capacity/l4" in {k.to_user_string() for k in deployment.instance.get_asset_keys()}
+
         # The shard that computes loses its pod mid-way (a preempted or evicted pod).
         victim = wait_for(lambda: len(deployment.computed()) > before + 100 and next(
             (p.metadata.name for p in core.list_namespaced_pod(deployment.namespace,
