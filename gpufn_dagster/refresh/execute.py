@@ -168,38 +168,63 @@ def call_function(
     if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
         return _in_parts(call, function, inputs, rows, fit, fit.rows, may_retry)
     timeout = function.row_timeout_seconds
+    result = _under_policy(function, timeout and timeout * inputs.num_rows, may_retry,
+                           lambda: _call_batch(call, function, inputs),
+                           # not the rows' fault while the call has several rows: smaller calls, undecided
+                           undecided=lambda err: inputs.num_rows > 1 and (
+                               is_out_of_memory(err, call) or isinstance(err, RowTimeout)))
+    if not isinstance(result, _Failure):
+        return result, []
+    err, decision, attempt = result.error, result.decision, result.attempt
+    oom, late = is_out_of_memory(err, call), isinstance(err, RowTimeout)
+    if oom:
+        _release_device_memory()
+    if decision is None:
+        half = (fit or BatchFit()).split(inputs.num_rows) if oom else (inputs.num_rows + 1) // 2
+        return _in_parts(call, function, inputs, rows, fit, half, may_retry)
+    what = (f"ran out of device memory on a single row, {rows.name(0, inputs)}" if oom
+            else f"ran past row_timeout_seconds={timeout} on {rows.name(0, inputs)}" if late
+            else f"failed on a batch of {inputs.num_rows} rows" if inputs.num_rows > 1
+            else f"failed on {rows.name(0, inputs)}")
+    if decision.action == "fail":
+        raise FunctionFailed(f"Function {function.name!r} {what}: {err!r} ({_decided(decision, attempt)})") from err
+    if inputs.num_rows == 1:
+        message = f"{what}: {err!r}" if oom or late else repr(err)
+        return pa.nulls(1, function.output_type), [rows.error(0, message, result.traceback, attempt, decision.rule)]
+    # Skipped on a batch: pin the failure on the rows that caused it, each row on its own.
+    return _in_parts(call, function, inputs, rows, fit, 1, may_retry=False)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A call that raised, with the policy's last decision on it (None: left to the caller)."""
+
+    error: Exception
+    traceback: str
+    attempt: int
+    decision: Decision | None
+
+
+def _under_policy(function: Function, seconds: float | None, may_retry: bool, body: Callable[[], Any],
+                  undecided: Callable[[Exception], bool] = lambda err: False) -> Any:
+    """`body()` under a deadline of `seconds`, called again while the policy says retry (after its
+    backoff); its value, or the `_Failure` once the policy decided otherwise (or `undecided(err)`).
+    A terminated refresh's `RefreshStopped` passes through: it is no row's error."""
     attempt = 1
     while True:
         try:
-            with deadline(timeout and timeout * inputs.num_rows):
-                return _call_batch(call, function, inputs), []
+            with deadline(seconds):
+                return body()
         except RefreshStopped:
-            raise  # the refresh stops (terminated): not the rows' error
+            raise
         except Exception as err:
-            oom, late = is_out_of_memory(err, call), isinstance(err, RowTimeout)
-            if oom:
-                _release_device_memory()
-            if (oom or late) and inputs.num_rows > 1:  # not the rows' fault: smaller calls
-                half = (fit or BatchFit()).split(inputs.num_rows) if oom else (inputs.num_rows + 1) // 2
-                return _in_parts(call, function, inputs, rows, fit, half, may_retry)
+            if undecided(err):
+                return _Failure(err, traceback.format_exc(), attempt, None)
             decision = function.on_error.decide(err, attempt, may_retry)
-            if decision.action == "retry":
-                time.sleep(decision.delay)
-                attempt += 1
-                continue
-            what = (f"ran out of device memory on a single row, {rows.name(0, inputs)}" if oom
-                    else f"ran past row_timeout_seconds={timeout} on {rows.name(0, inputs)}" if late
-                    else f"failed on a batch of {inputs.num_rows} rows" if inputs.num_rows > 1
-                    else f"failed on {rows.name(0, inputs)}")
-            if decision.action == "fail":
-                raise FunctionFailed(f"Function {function.name!r} {what}: {err!r} ({_decided(decision, attempt)})"
-                                     ) from err
-            if inputs.num_rows == 1:
-                message = f"{what}: {err!r}" if oom or late else repr(err)
-                return pa.nulls(1, function.output_type), [rows.error(0, message, traceback.format_exc(), attempt,
-                                                                       decision.rule)]
-            # Skipped on a batch: pin the failure on the rows that caused it, each row on its own.
-            return _in_parts(call, function, inputs, rows, fit, 1, may_retry=False)
+            if decision.action != "retry":
+                return _Failure(err, traceback.format_exc(), attempt, decision)
+            time.sleep(decision.delay)
+            attempt += 1
 
 
 def _decided(decision: Decision, attempt: int) -> str:
@@ -213,28 +238,19 @@ def _call_rows(call: Callable[..., Any], function: Function, inputs: pa.RecordBa
     out: list[Any] = []
     errors = []
     for i, args in enumerate(zip(*columns, strict=True)):
-        attempt = 1
-        while True:
-            try:
-                with deadline(function.row_timeout_seconds):
-                    out.append(call(**dict(zip(function.inputs, args, strict=True))))
-                break
-            except RefreshStopped:
-                raise
-            except Exception as err:
-                decision = function.on_error.decide(err, attempt, may_retry)
-                if decision.action == "retry":
-                    time.sleep(decision.delay)
-                    attempt += 1
-                    continue
-                late = (f" (ran past row_timeout_seconds={function.row_timeout_seconds})"
-                        if isinstance(err, RowTimeout) else "")
-                if decision.action == "fail":
-                    raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}{late}: "
-                                         f"{err!r} ({_decided(decision, attempt)})") from err
-                out.append(None)
-                errors.append(rows.error(i, repr(err) + late, traceback.format_exc(), attempt, decision.rule))
-                break
+        kwargs = dict(zip(function.inputs, args, strict=True))
+        value = _under_policy(function, function.row_timeout_seconds, may_retry, lambda: call(**kwargs))
+        if not isinstance(value, _Failure):
+            out.append(value)
+            continue
+        late = (f" (ran past row_timeout_seconds={function.row_timeout_seconds})"
+                if isinstance(value.error, RowTimeout) else "")
+        assert value.decision is not None
+        if value.decision.action == "fail":
+            raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}{late}: "
+                                 f"{value.error!r} ({_decided(value.decision, value.attempt)})") from value.error
+        out.append(None)
+        errors.append(rows.error(i, repr(value.error) + late, value.traceback, value.attempt, value.decision.rule))
     try:
         return _to_array(out, function.output_type, inputs.num_rows), errors
     except (pa.ArrowException, TypeError, ValueError, OverflowError):

@@ -11,7 +11,7 @@ Example:
     >>> from gpufn_dagster.run.pools import step_waits
     >>> waits = step_waits("l4", [("r2", "emb", 100.0, 0)], [("r1", "emb")])
     >>> (g,) = embedded_gauges({"l4": 1}, waits, {"l4": 1}, now=130.0)
-    >>> (g.total, g.in_use, g.steps_waiting, g.runs_waiting, g.longest_wait_seconds)
+    >>> (g.capacity, g.in_use, g.steps_waiting, g.runs_waiting, g.longest_wait_seconds)
     (1, 1, 1, 1, 30.0)
     >>> print(prometheus_text([g]).splitlines()[2])
     gpufn_gpu_class_capacity{gpu_class="l4",unit="slot"} 1
@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ class ClassGauges:
 
     gpu_class: str
     unit: Literal["slot", "gpu"]  # embedded: local slots; Kubernetes: GPUs of the class's resource
-    total: int  # slots, or allocatable GPUs over the class's nodes
+    capacity: int  # slots, or allocatable GPUs over the class's nodes
     in_use: int  # slots claimed, or GPUs of the class's GPU run and shard pods placed on a node
     steps_waiting: int  # GPU steps waiting for a slot, or GPU run and shard pods not placed yet
     runs_waiting: int
@@ -54,12 +54,15 @@ def embedded_gauges(slots: Mapping[str, int], waits: Iterable[StepWait], claimed
             for name, line in sorted(by_class.items())]
 
 
-_HELP = {
-    "capacity": "Slots (embedded) or GPUs (Kubernetes) the GPU class has in all.",
-    "in_use": "Slots claimed, or GPUs requested by placed GPU runs, of the class.",
-    "steps_waiting": "GPU steps waiting for the class.",
-    "runs_waiting": "Runs with a GPU step or pod waiting for the class.",
-    "longest_wait_seconds": "How long the longest waiter of the class has waited.",
+# Each family: its help text, and the figure of a class's gauges it reports.
+_FAMILIES: dict[str, tuple[str, Callable[[ClassGauges], float]]] = {
+    "capacity": ("Slots (embedded) or GPUs (Kubernetes) the GPU class has in all.", lambda g: g.capacity),
+    "in_use": ("Slots claimed, or GPUs of the class's GPU run and shard pods placed on a node.", lambda g: g.in_use),
+    "steps_waiting": ("GPU steps waiting for a slot, or GPU run and shard pods of the class not placed yet.",
+                      lambda g: g.steps_waiting),
+    "runs_waiting": ("Runs with a GPU step or pod waiting for the class.", lambda g: g.runs_waiting),
+    "longest_wait_seconds": ("How long the longest waiter of the class has waited.",
+                             lambda g: round(g.longest_wait_seconds, 3)),
 }
 
 
@@ -67,12 +70,10 @@ def prometheus_text(gauges: Iterable[ClassGauges], age_seconds: float | None = N
     """The gauges in Prometheus' text exposition format (version 0.0.4), one family per figure;
     `age_seconds`: how old a stored tick's gauges are (said as a gauge of its own)."""
     gauges = list(gauges)
-    figures = {"capacity": lambda g: g.total, "in_use": lambda g: g.in_use, "steps_waiting": lambda g: g.steps_waiting,
-               "runs_waiting": lambda g: g.runs_waiting, "longest_wait_seconds": lambda g: round(g.longest_wait_seconds, 3)}
     lines: list[str] = []
-    for name, value in figures.items():
+    for name, (text, value) in _FAMILIES.items():
         family = f"gpufn_gpu_class_{name}"
-        lines += [f"# HELP {family} {_HELP[name]}", f"# TYPE {family} gauge"]
+        lines += [f"# HELP {family} {text}", f"# TYPE {family} gauge"]
         lines += [f'{family}{{gpu_class="{_escape(g.gpu_class)}",unit="{g.unit}"}} {value(g)}' for g in gauges]
     if age_seconds is not None:
         lines += ["# HELP gpufn_gpu_class_gauges_age_seconds Seconds since the capacity tick that observed these gauges.",
@@ -143,7 +144,7 @@ def observations(gauges: Iterable[ClassGauges]) -> list[dg.AssetObservation]:
     ['capacity', 'in_use', 'longest_wait_seconds', 'runs_waiting', 'steps_waiting', 'unit']
     """
     return [dg.AssetObservation(capacity_asset_key(g.gpu_class), metadata={
-        "unit": g.unit, "capacity": dg.IntMetadataValue(g.total), "in_use": dg.IntMetadataValue(g.in_use),
+        "unit": g.unit, "capacity": dg.IntMetadataValue(g.capacity), "in_use": dg.IntMetadataValue(g.in_use),
         "steps_waiting": dg.IntMetadataValue(g.steps_waiting), "runs_waiting": dg.IntMetadataValue(g.runs_waiting),
         "longest_wait_seconds": dg.FloatMetadataValue(round(g.longest_wait_seconds, 1))}) for g in gauges]
 

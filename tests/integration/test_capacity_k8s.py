@@ -73,7 +73,7 @@ def class_gauges(instance: DagsterInstance, gpu_class: str) -> tuple:
     """(unit, capacity, in use, steps waiting, runs waiting) of the class, as the last tick stored them."""
     gauges, _ = stored_gauges(instance)
     (g,) = [g for g in gauges if g.gpu_class == gpu_class]
-    return g.unit, g.total, g.in_use, g.steps_waiting, g.runs_waiting
+    return g.unit, g.capacity, g.in_use, g.steps_waiting, g.runs_waiting
 
 
 def messages(instance: DagsterInstance, run_id: str) -> list[str]:
