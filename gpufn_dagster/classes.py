@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from .errors import GpuClassError
+from .tags import choice_request
 from .k8s_syntax import (extended_resource_problem, label_value_problem, parse_quantity, qualified_name_problem,
                          quantity_problem)
 
@@ -316,9 +317,28 @@ class GpuClass(_Strict):
 
 
 ClassesDir = str | os.PathLike[str] | None
-# A Function's GPU class as the class files are when it is called (None: a CPU Function). Steps read
-# their class when they run, so a class file edited after the code loaded governs the next run.
-ClassNow = Callable[[], "GpuClass | None"]
+# A Function's GPU classes, first choice first, as the class files are when it is called (empty: a
+# CPU Function). Steps read them when they run, so a class file edited after the code loaded
+# governs the next run.
+ClassNow = Callable[[], "tuple[GpuClass, ...]"]
+
+
+def choice_view(accepted: tuple[GpuClass, ...]) -> GpuClass:
+    """Classes a Function accepts in order, seen as the one line its steps and pods wait in: named
+    by their request (`tags.choice_request`), their local slots together, everything else the first
+    class's (its max_wait, its resource). One class is itself.
+
+    >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, local={"slots": 2})
+    >>> t4 = GpuClass(name="t4", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1, local={"slots": 1})
+    >>> view = choice_view((t4, l4))
+    >>> view.name, view.local.slots, choice_view((l4,)) is l4
+    ('t4|l4', 3, True)
+    """
+    if len(accepted) == 1:
+        return accepted[0]
+    first = accepted[0]
+    return first.model_copy(update={"name": choice_request([c.name for c in accepted]), "local": first.local.model_copy(
+        update={"slots": sum(c.local.slots for c in accepted)})})
 
 
 def resolve_classes_dir(classes_dir: ClassesDir = None) -> Path:

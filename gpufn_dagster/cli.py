@@ -140,8 +140,11 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--priority-classes", default="", metavar="P=NAME,...",
               help="With --local-queue: the dagster/priority thresholds and WorkloadPriorityClasses, e.g. "
                    "10=gpufn-high,0=gpufn-normal,-10=gpufn-low.")
+@click.option("--choice", "choices", multiple=True, metavar="CLASS,CLASS,...",
+              help="Classes a Function accepts in this order (gpu_class=[...]): a ClusterQueue with their flavors "
+                   "in that order, borrowing their quota, and its LocalQueue; repeatable.")
 def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ...], local_queues: tuple[str, ...],
-                    priority_classes: str) -> None:
+                    priority_classes: str, choices: tuple[str, ...]) -> None:
     """Print the Kueue objects (ResourceFlavor, ClusterQueue, LocalQueue, WorkloadPriorityClass) that
     match the GPU classes in Kueue mode, as YAML for `kubectl apply -f -`."""
     import yaml
@@ -168,7 +171,11 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
     unknown = sorted(set(quota) - set(classes))
     if unknown:
         raise click.BadParameter(f"no class {unknown[0]!r}; classes: {', '.join(sorted(classes))}", param_hint="--gpus")
-    objects = manifests(sorted(classes.values(), key=lambda c: c.name), quota, namespace)
+    accepted = [tuple(name.strip() for name in choice.split(",")) for choice in choices]
+    for names in accepted:
+        if not_queued := [n for n in names if n not in classes or classes[n].kueue is None]:
+            raise click.BadParameter(f"{not_queued[0]!r} is not a class in Kueue mode", param_hint="--choice")
+    objects = manifests(sorted(classes.values(), key=lambda c: c.name), quota, namespace, accepted)
     if not objects:
         raise click.ClickException("no class is in Kueue mode: add a `kueue: {local_queue: ...}` block to a class "
                                    "file, or name one with --local-queue")

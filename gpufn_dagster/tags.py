@@ -3,7 +3,8 @@ some take, the `gpufn.…` keys it keeps in Lance field metadata and Kubernetes 
 message its refreshes write, and the one Dagster tag it reads.
 
 A run shows at most three of them in the UI's runs list and run page, the ones a user filters by:
-its GPU class, its capacity state (`CapacityState` words) and its placement. Everything else gpufn
+its GPU class, its capacity state (`CapacityState` words) and its placement -- and a fourth, the
+class it got, when its Functions accept several. Everything else gpufn
 keeps on a run -- why it waits, since when, its place in line, the estimate, what was last said --
 is bookkeeping under `HIDDEN_PREFIX`, which Dagster hides from its UI and GraphQL API; the words a
 person reads about it are in the run's events. Hidden or not, values stay readable: reasons are
@@ -29,6 +30,8 @@ HIDDEN_PREFIX = ".dagster/" + PREFIX
 GPU_CLASS_TAG = PREFIX + "gpu-class"
 GPU_COUNT_TAG = PREFIX + "gpu-count"
 RUN_GPU_COUNT_TAG = HIDDEN_PREFIX + "gpu-count"  # on runs: the GPUs per worker of its class
+# On runs whose GPU request accepts several classes: the class (or classes, one per step) it got.
+GOT_CLASS_TAG = PREFIX + "gpu-class-got"
 # On runs: how the launcher placed the run (a `RunKind` value, or "rejected").
 PLACEMENT_TAG = PREFIX + "placement"
 # On the shard op of a refresh spread over several workers: each shard is a step with its own GPU worker.
@@ -70,8 +73,12 @@ DAGSTER_PRIORITY_TAG = "dagster/priority"
 
 # Kubernetes labels on the pods and Jobs of GPU runs and steps: the capacity watcher lists by them.
 LABEL_PREFIX = "gpufn.dev/"
-CLASS_LABEL = LABEL_PREFIX + "gpu-class"
+CLASS_LABEL = LABEL_PREFIX + "gpu-class"  # the first class a pod accepts (a label value cannot hold a choice)
 COUNT_LABEL = LABEL_PREFIX + "gpu-count"
+# ... and the annotation of a pod that accepts several classes: its whole request (`choice_request`).
+CLASSES_ANNOTATION = LABEL_PREFIX + "gpu-classes"
+# ... and, once it is placed, the class of its node (the capacity watcher writes it).
+GOT_CLASS_ANNOTATION = LABEL_PREFIX + "gpu-class-got"
 
 # Lance: field metadata on a Function's columns, schema metadata of checkpoint chunks, and the
 # messages of the commits gpufn makes -- a refresh's, and a view rebuild carrying Function values
@@ -187,6 +194,29 @@ def run_gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
     {'gpufn/gpu-class': 'l4', '.dagster/gpufn/gpu-count': '2'}
     """
     return {GPU_CLASS_TAG: gpu_class, RUN_GPU_COUNT_TAG: str(gpu_count)}
+
+
+# A GPU request that accepts several classes, in order of preference, names them joined by this in
+# its tags, its pool and its placement's key ("h100-80gb|a100-80gb": an H100, else an A100).
+CLASS_CHOICE_SEPARATOR = "|"
+
+
+def class_choice(gpu_class: str) -> tuple[str, ...]:
+    """The classes a GPU request (a tag's, a pool's) accepts, first choice first.
+
+    >>> class_choice("h100-80gb|a100-80gb"), class_choice("l4")
+    (('h100-80gb', 'a100-80gb'), ('l4',))
+    """
+    return tuple(gpu_class.split(CLASS_CHOICE_SEPARATOR))
+
+
+def choice_request(names: tuple[str, ...] | list[str]) -> str:
+    """The request text of classes accepted in this order (`class_choice` read back).
+
+    >>> choice_request(["h100-80gb", "a100-80gb"]), choice_request(["l4"])
+    ('h100-80gb|a100-80gb', 'l4')
+    """
+    return CLASS_CHOICE_SEPARATOR.join(names)
 
 
 # The Dagster pool of a class's GPU steps: embedded mode limits it to the class's `local.slots`.

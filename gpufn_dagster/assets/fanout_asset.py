@@ -31,7 +31,7 @@ from ..refresh.results import RefreshPlan, ShardResult
 from ..refresh.shards import Shard
 from ..refresh.warm import warm_instances
 from ..run.executor import steps_in_this_process
-from ..run.slots import step_slot
+from ..run.slots import StepClass, step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
 from .asset_spec import reads
@@ -73,9 +73,9 @@ def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDef
         workers = int(context.op_config["workers"])
         if workers < 1:
             raise dg.Failure(f"Function {function.name!r}: run config 'workers': must be at least 1, got {workers}")
-        gpu_class = class_now()
+        accepted = class_now()  # the first choice's budget: shards may land on any of the classes
         planned = _column(context, lancedb, function, upstream=reads(context.assets_def)).plan(
-            workers, gpu_budget=gpu_class.max_gpus_per_refresh if gpu_class else None)
+            workers, gpu_budget=accepted[0].max_gpus_per_refresh if accepted else None)
         context.log.info(
             f"{function.name}: {planned.rows:,} rows to check in {planned.fragments} fragments at table version "
             f"{planned.read_version}, split into {len(planned.shards)} shard(s) of "
@@ -111,10 +111,9 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
         def report(progress: Progress) -> None:
             context.log.info(f"{name}: {progress.line()}")
 
-        gpu_class = class_now()
-        with step_slot(context, gpu_class, function.gpu_count) as held:
-            result = _column(context, lancedb, function, report=report,
-                             instances=warm_instances(gpu_class, held, context.log.info, steps_in_this_process())).compute_shard(
+        with step_slot(context, class_now(), function.gpu_count) as step:
+            instances = warm_instances(step.gpu_class, step.held, context.log.info, steps_in_this_process())
+            result = _column(context, lancedb, function, report=report, instances=instances).compute_shard(
                 shard, plan.read_version)
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
                                      "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
@@ -139,7 +138,8 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
         if result.fragments_left:
             context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "
                                 "appended) and are left for the next refresh")
-        context.add_output_metadata(fanout_metadata(function, class_now(), result, plan, results))
+        billed = StepClass(class_now()).billed(context.instance, context.run.run_id)
+        context.add_output_metadata(fanout_metadata(function, billed, result, plan, results))
         StepOutputsIOManager(lancedb).forget_run(context.run.run_id)
 
     return commit
@@ -181,7 +181,7 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
     return metadata
 
 
-def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str],
+def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str], asset_tags: dict[str, str],
                  pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
     """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
     the assets it runs after besides its table: the Function assets whose columns it reads, and a
@@ -194,7 +194,7 @@ def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str
         # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so
         # that no user has to configure one for it, and the warning would repeat on every load.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _graph_asset(function, plan_op, shard_op, commit_op, tags, metadata, upstream)
+        return _graph_asset(function, plan_op, shard_op, commit_op, asset_tags, metadata, upstream)
 
 
 def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDefinition, commit_op: dg.OpDefinition,

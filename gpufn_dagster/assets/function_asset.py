@@ -26,11 +26,11 @@ from ..refresh.progress import Progress
 from ..refresh.results import RefreshResult
 from ..refresh.warm import warm_instances
 from ..run.executor import steps_in_this_process
-from ..run.slots import HeldSlots, step_slot
+from ..run.slots import StepClass, step_slot
 from ..function_spec.error_policy import ErrorPolicy
 from ..function_spec.functions import Function, make_function
 from ..function_spec.options import document_options
-from ..tags import (DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
+from ..tags import (CLASS_CHOICE_SEPARATOR, DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
                     gpu_pool, gpu_tags)
 from .asset_spec import function_metadata, reads, reads_metadata
 from .fanout_asset import fanout_asset
@@ -43,21 +43,38 @@ from .table_partitions import partitions_asset_key
 logger = logging.getLogger(__name__)
 
 
-def resolve_class(function: Function, classes_dir: ClassesDir = None) -> GpuClass:
-    """The Function's GPU class, checked against the operator's classes (unknown class, too many GPUs)."""
+def resolve_class(function: Function, classes_dir: ClassesDir = None) -> tuple[GpuClass, ...]:
+    """The GPU classes the Function accepts, first choice first, checked against the operator's
+    classes: an unknown class, a class whose workers cannot hold `gpu_count` GPUs, and classes that
+    name different GPU resources (one pod asks for one resource, whichever pool it lands on) are
+    refused, naming the Function, the field and the class."""
     directory = resolve_classes_dir(classes_dir)
     classes = cached_gpu_classes(directory)
     label = f"Function {function.name!r}"
-    if function.gpu_class not in classes:
+    chosen: list[GpuClass] = []
+    for name in function.gpu_classes:
+        if name not in classes:
+            raise FunctionDefinitionError(
+                f"{label}: field 'gpu_class': unknown GPU class {name!r}"
+                f"{suggestion(name, sorted(classes))}; classes in {directory}: {', '.join(sorted(classes))}")
+        gpu_class = classes[name]
+        if function.gpu_count > gpu_class.max_gpu_count_per_worker:
+            raise FunctionDefinitionError(
+                f"{label}: field 'gpu_count': {function.gpu_count} GPUs exceeds class {gpu_class.name!r}'s "
+                f"max_gpu_count_per_worker of {gpu_class.max_gpu_count_per_worker}")
+        if chosen and gpu_class.resource_name != chosen[0].resource_name:
+            raise FunctionDefinitionError(
+                f"{label}: field 'gpu_class': classes {chosen[0].name!r} ({chosen[0].resource_name}) and "
+                f"{name!r} ({gpu_class.resource_name}) name different GPU resources; the classes a Function "
+                "accepts must share one resource name, since its pod asks for one whichever pool it lands on")
+        chosen.append(gpu_class)
+    if len({c.kueue is None for c in chosen}) > 1:
         raise FunctionDefinitionError(
-            f"{label}: field 'gpu_class': unknown GPU class {function.gpu_class!r}"
-            f"{suggestion(function.gpu_class, sorted(classes))}; classes in {directory}: {', '.join(sorted(classes))}")
-    gpu_class = classes[function.gpu_class]
-    if function.gpu_count > gpu_class.max_gpu_count_per_worker:
-        raise FunctionDefinitionError(
-            f"{label}: field 'gpu_count': {function.gpu_count} GPUs exceeds class {gpu_class.name!r}'s "
-            f"max_gpu_count_per_worker of {gpu_class.max_gpu_count_per_worker}")
-    return gpu_class
+            f"{label}: field 'gpu_class': of the classes it accepts, "
+            f"{', '.join(repr(c.name) for c in chosen if c.kueue)} are in Kueue mode and "
+            f"{', '.join(repr(c.name) for c in chosen if not c.kueue)} not; accept classes all in Kueue mode "
+            "(Kueue admits the Job on the first with quota) or none")
+    return tuple(chosen)
 
 
 def _code_references(function: Function) -> dict[str, Any]:
@@ -80,17 +97,23 @@ def _column_schema(function: Function) -> dg.TableSchema:
                                    for f in function.output_fields])
 
 
-def _class_metadata(gpu_class: GpuClass | None) -> dict[str, Any]:
-    """The class's hardware, as the asset page shows it beside the class name."""
-    if gpu_class is None:
+def _class_metadata(accepted: tuple[GpuClass, ...]) -> dict[str, Any]:
+    """The class's hardware, as the asset page shows it beside the class name (of several classes
+    accepted in order: each figure of each, in that order, and no single price)."""
+    if len(accepted) > 1:
+        return {"gpu_model": " or ".join(c.gpu_model for c in accepted),
+                "gpu_memory_gib": " or ".join(f"{c.gpu_memory_bytes / 2**30:.1f}" for c in accepted),
+                "local_slots": sum(c.local.slots for c in accepted)}
+    if not accepted:
         return {}
+    gpu_class = accepted[0]
     return {"gpu_model": gpu_class.gpu_model, "gpu_memory_gib": round(gpu_class.gpu_memory_bytes / 2**30, 1),
             "local_slots": gpu_class.local.slots,
             **({"price_per_gpu_hour": dg.FloatMetadataValue(gpu_class.price_per_gpu_hour)}
                if gpu_class.price_per_gpu_hour is not None else {})}
 
 
-def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuClass | None = None) -> dict[str, Any]:
+def _asset_metadata(function: Function, declared_in: str | None, accepted: tuple[GpuClass, ...] = ()) -> dict[str, Any]:
     """What the asset page shows about the Function, plus the spec itself under its key."""
     return {
         "table": function.table,
@@ -105,7 +128,7 @@ def _asset_metadata(function: Function, declared_in: str | None, gpu_class: GpuC
         **({"workers": function.workers} if function.workers > 1 else {}),
         **({"partitioned_by": _partitioned_by(function)} if function.partitioning else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
-        **_class_metadata(gpu_class),
+        **_class_metadata(accepted),
         "dagster/column_schema": _column_schema(function),
         **({} if declared_in else _code_references(function)),  # a YAML Function's page links its defs.yaml
         **({DECLARED_IN_METADATA_KEY: declared_in} if declared_in else {}),
@@ -169,16 +192,15 @@ def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, fu
                  class_now: ClassNow) -> dg.MaterializeResult:
     """One materialization: refresh the column, record failed rows, report what happened."""
     function = for_this_run(function, context.op_execution_context.op_config or {})
-    gpu_class = class_now()
-    with step_slot(context, gpu_class, function.gpu_count) as held:
-        return _refresh_once(context, lancedb, function, gpu_class, held)
+    with step_slot(context, class_now(), function.gpu_count) as step:
+        return _refresh_once(context, lancedb, function, step)
 
 
 def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
-                  gpu_class: GpuClass | None, held: HeldSlots | None) -> dg.MaterializeResult:
+                  step: StepClass) -> dg.MaterializeResult:
     context.log.info(f"refreshing {function.table}.{','.join(function.columns)} "
                      f"(Function version {function.version}"
-                     + (f", GPU class {function.gpu_class} x{function.gpu_count})" if function.gpu else ", CPU)"))
+                     + (f", GPU class {step.describe()} x{function.gpu_count})" if function.gpu else ", CPU)"))
     def report(progress: Progress) -> None:
         context.log.info(f"{function.name}: {progress.line()}")
 
@@ -189,8 +211,10 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
         context.log.info(f"{label}: the rows where {where}")
     result = ColumnRefresh(files, function, RefreshOptions(
         report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}", where=where,
-        on_wait=context.log.info, instances=warm_instances(gpu_class, held, context.log.info, steps_in_this_process()))).refresh()
+        on_wait=context.log.info, instances=warm_instances(step.gpu_class, step.held, context.log.info,
+                                                         steps_in_this_process()))).refresh()
     record_errors(lancedb, function, result, context.run.run_id)
+    gpu_class = step.billed(context.instance, context.run.run_id)
     metadata = refresh_metadata(function, gpu_class, result)
     if where is not None:
         metadata["partition_filter" if function.partitioning else "pilot_filter"] = where
@@ -214,19 +238,19 @@ def _projected(context: dg.AssetExecutionContext, function: Function, gpu_class:
     return figures
 
 
-def _class_at_load(function: Function, classes_dir: ClassesDir) -> GpuClass | None:
-    """The Function's class checked while definitions load (an unknown class or too many GPUs fails
+def _class_at_load(function: Function, classes_dir: ClassesDir) -> tuple[GpuClass, ...]:
+    """The Function's classes checked while definitions load (an unknown class or too many GPUs fails
     the load, naming the Function). A class directory that does not load at all does not fail the
     code location: its CPU assets and other Functions' runs go on, and only runs that need a GPU
     class are held or refused, each saying why, until the files are fixed."""
     if not function.gpu:
-        return None
+        return ()
     try:
         return resolve_class(function, classes_dir)
     except GpuClassError as err:
         logger.warning(f"Function {function.name!r}: the GPU class files do not load, so its runs wait (embedded) "
                        f"or are refused (Kubernetes) until they do: {err}")
-        return None
+        return ()
 
 
 def function_asset(function: Function, *, classes_dir: ClassesDir = None, declared_in: str | None = None,
@@ -242,42 +266,46 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
             it depends on them and its refresh refuses to start while one is not current.
     """
     directory = classes_dir or function.classes_dir
-    gpu_class = _class_at_load(function, directory)
+    at_load = _class_at_load(function, directory)
 
-    def class_now() -> GpuClass | None:
+    def class_now() -> tuple[GpuClass, ...]:
         if not function.gpu:
-            return None
+            return ()
         try:
             return resolve_class(function, directory)
         except GpuClassError:
-            if gpu_class is None:
+            if not at_load:
                 raise
-            return gpu_class  # the files broke after the code loaded: a started step keeps the class it had
+            return at_load  # the files broke after the code loaded: a started step keeps the classes it had
 
-    metadata = _asset_metadata(function, declared_in, gpu_class)
+    metadata = _asset_metadata(function, declared_in, at_load)
     if upstream:
         metadata[READS_METADATA_KEY] = reads_metadata(tuple(upstream.values()))
     tags = gpu_tags(function.gpu_class, function.gpu_count) if function.gpu else {GPU_COUNT_TAG: "0"}
+    # An asset tag's value is label-like and cannot hold a choice of classes: the op tags (what the
+    # launcher and coordinator read) and the asset's metadata name them all.
+    asset_tags = {k: v for k, v in tags.items() if CLASS_CHOICE_SEPARATOR not in v}
 
     pool = gpu_pool(function.gpu_class) if function.gpu else None
     # after the Functions it reads, and a partitioned one after its table's rows per partition
     # (`table_partitions`), so a partition whose rows changed shows unsynced
     after = [*(upstream or ()), *([partitions_asset_key(function)] if function.partitioning else [])]
     if function.workers > 1:
-        return fanout_asset(function, class_now, tags=tags, pool=pool, metadata=metadata, upstream=after)
+        return fanout_asset(function, class_now, tags=tags, asset_tags=asset_tags, pool=pool, metadata=metadata,
+                            upstream=after)
 
     with warnings.catch_warnings():  # `backfill_policy` is marked beta; the warning would repeat on every load
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _one_worker_asset(function, class_now, tags, pool, metadata, after)
+        return _one_worker_asset(function, class_now, tags, asset_tags, pool, metadata, after)
 
 
-def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, str],
+def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, str], asset_tags: dict[str, str],
                       pool: str | None, metadata: dict[str, Any],
                       after: Sequence[dg.AssetKey]) -> dg.AssetsDefinition:
     @dg.asset(
         name=function.name,
         deps=[dg.AssetKey(function.source_asset), *after],
-        tags=tags,
+        tags=asset_tags,
         op_tags=tags,  # the GPU request: the launcher places the pod when a run launches
         kinds={"lance", "gpu" if function.gpu else "cpu"},
         # Embedded mode: a GPU step claims a slot of its class's pool, limited to `local.slots`.

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..classes import DEFAULT_CLASS
 from ..errors import FunctionDefinitionError
+from ..tags import choice_request, class_choice
 from .arrow_types import parse_arrow_type
 from .code_version import code_digest
 from .error_policy import ErrorPolicy
@@ -61,6 +62,23 @@ def _annotation_to_arrow(annotation: Any) -> pa.DataType | None:
     return None
 
 
+def _class_request(label: str, gpu_class: str | list[str] | None) -> str:
+    """The GPU request's class text: one class, or several accepted in order (`tags.choice_request`).
+
+    >>> _class_request("f", ["h100-80gb", "a100-80gb"]), _class_request("f", None)
+    ('h100-80gb|a100-80gb', 'default')
+    """
+    if gpu_class is None or isinstance(gpu_class, str):
+        return gpu_class or DEFAULT_CLASS
+    names = list(gpu_class)
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise FunctionDefinitionError(f"{label}: field 'gpu_class': a list of GPU class names in order of "
+                                      f"preference, got {gpu_class!r}")
+    if len(set(names)) < len(names):
+        raise FunctionDefinitionError(f"{label}: field 'gpu_class': {names} names a class twice")
+    return choice_request(names)
+
+
 def _unwrap(target: Any) -> Any:
     """The original callable behind a `lancedb.udf` definition (or the target itself)."""
     original = getattr(target, "_function", None)
@@ -81,7 +99,7 @@ class Function:
     is_class: bool
     init: Mapping[str, Any]
     gpu: bool
-    gpu_class: str
+    gpu_class: str  # the class, or the classes accepted in order ("h100-80gb|a100-80gb", `gpu_classes`)
     gpu_count: int
     batch_size: int
     on_error: ErrorPolicy
@@ -106,6 +124,11 @@ class Function:
     def partitions_def(self) -> Any:
         """Dagster's partitions definition of the Function's asset and its checks (None: unpartitioned)."""
         return self.partitioning.partitions_def if self.partitioning is not None else None
+
+    @property
+    def gpu_classes(self) -> tuple[str, ...]:
+        """The GPU classes the Function accepts, first choice first (one for most Functions)."""
+        return class_choice(self.gpu_class)
 
     @property
     def sig_column(self) -> str:
@@ -362,7 +385,7 @@ def make_function(target: Any, **options: Any) -> Function:
         is_class=is_class,
         init=init,
         gpu=gpu,
-        gpu_class=opts.gpu_class or DEFAULT_CLASS,
+        gpu_class=_class_request(label, opts.gpu_class),
         gpu_count=opts.gpu_count if gpu else 0,
         batch_size=first_call,
         on_error=ErrorPolicy.of(opts.on_error, label),

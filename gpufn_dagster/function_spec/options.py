@@ -76,9 +76,11 @@ class FunctionOptions(dg.Resolvable):
         "The input columns (default: the callable's parameter names; required for one RecordBatch parameter).")] = None
     gpu: Annotated[bool | None, described(
         "Whether it is a GPU Function (default: yes when it names a gpu_class or its lancedb.udf says gpu=True).")] = None
-    gpu_class: Annotated[str | None, described(
-        "The GPU class it runs on (default: 'default' for a GPU Function; none makes it a CPU Function).")] = None
-    gpu_count: Annotated[int, described("GPUs per worker, at most the class's max_gpu_count_per_worker.")] = 1
+    gpu_class: Annotated[str | list[str] | None, described(
+        "The GPU class it runs on, or the classes it accepts in order of preference (['h100-80gb', "
+        "'a100-80gb']: the first with room; never a CPU). Default: 'default' for a GPU Function; none makes "
+        "it a CPU Function.")] = None
+    gpu_count: Annotated[int, described("GPUs per worker, at most each class's max_gpu_count_per_worker.")] = 1
     batch_size: Annotated[int | None, described(
         "The most rows one call takes (what the model, device or API accepts): calls start with a small probe "
         "(64 rows, or batch_size when smaller) so first values and errors show within seconds, then adapt "

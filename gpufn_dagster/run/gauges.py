@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from ..tags import CLASS_GAUGES_KEY, CLASS_LABEL, COUNT_LABEL
+from ..tags import CLASS_GAUGES_KEY, CLASS_LABEL, COUNT_LABEL, GOT_CLASS_ANNOTATION
 from .pools import StepWait
 
 
@@ -102,7 +102,8 @@ def pod_counts(pods: Iterable[Any]) -> dict[str, tuple[int, int]]:
 
     >>> from types import SimpleNamespace as O
     >>> def pod(node, phase="Running", cls="l4", n="2"):
-    ...     return O(metadata=O(labels={CLASS_LABEL: cls, COUNT_LABEL: n}), spec=O(node_name=node), status=O(phase=phase))
+    ...     return O(metadata=O(labels={CLASS_LABEL: cls, COUNT_LABEL: n}, annotations=None), spec=O(node_name=node),
+    ...              status=O(phase=phase))
     >>> pod_counts([pod("n1"), pod(None, "Pending"), pod("n2", "Succeeded"), pod(None, "Pending", "a100", "1")])
     {'l4': (2, 1), 'a100': (0, 1)}
     """
@@ -111,7 +112,9 @@ def pod_counts(pods: Iterable[Any]) -> dict[str, tuple[int, int]]:
         labels = pod.metadata.labels or {}
         if CLASS_LABEL not in labels or pod.status.phase in ("Succeeded", "Failed"):
             continue
-        entry = counts.setdefault(labels[CLASS_LABEL], [0, 0])
+        # a pod accepting several classes counts on the one it got, once the watcher noted it
+        entry = counts.setdefault((pod.metadata.annotations or {}).get(GOT_CLASS_ANNOTATION) or labels[CLASS_LABEL],
+                                  [0, 0])
         if pod.spec.node_name:
             entry[0] += int(labels.get(COUNT_LABEL, "1"))
         else:

@@ -12,6 +12,7 @@ Nothing here calls Kubernetes; `watch.py` lists the Workloads once per tick and 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,8 +39,11 @@ def run_priority(run_tags: Mapping[str, str]) -> int:
         return 0
 
 
-def kueue_labels(gpu_class: GpuClass, priority: int = 0) -> dict[str, str]:
-    """The labels that hand a Job of `gpu_class` to its Kueue LocalQueue (none outside Kueue mode).
+def kueue_labels(gpu_class: GpuClass, priority: int = 0, alternatives: tuple[GpuClass, ...] = ()) -> dict[str, str]:
+    """The labels that hand a Job of `gpu_class` to its Kueue LocalQueue (none outside Kueue mode);
+    with `alternatives`, classes accepted after it in order, to the LocalQueue of that choice
+    (`choice_local_queue`), whose ClusterQueue has their flavors in that order. The priority class
+    is the first class's.
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1,
@@ -49,7 +53,8 @@ def kueue_labels(gpu_class: GpuClass, priority: int = 0) -> dict[str, str]:
     """
     if gpu_class.kueue is None:
         return {}
-    labels = {QUEUE_LABEL: gpu_class.kueue.local_queue}
+    labels = {QUEUE_LABEL: choice_local_queue((gpu_class, *alternatives)) if alternatives
+              else gpu_class.kueue.local_queue}
     if (name := gpu_class.kueue.priority_class_for(priority)) is not None:
         labels[PRIORITY_LABEL] = name
     return labels
@@ -60,12 +65,46 @@ def cluster_queue_name(gpu_class: GpuClass) -> str:
     return f"gpufn-{gpu_class.name}"
 
 
-def kueue_manifests(classes: Iterable[GpuClass], gpus: Mapping[str, int], namespace: str) -> list[dict[str, Any]]:
+# The cohort of every ClusterQueue `kueue_manifests` makes: a choice's ClusterQueue owns no quota
+# and borrows its classes' unused quota from their ClusterQueues, so a GPU is never counted twice.
+COHORT = "gpufn"
+
+
+def choice_local_queue(accepted: tuple[GpuClass, ...]) -> str:
+    """The LocalQueue (and ClusterQueue) of Jobs that accept several classes in this order.
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> h100, a100 = (GpuClass(name=n, gpu_model="X", gpu_memory="80GiB", max_gpu_count_per_worker=8)
+    ...               for n in ("h100-80gb", "a100-80gb"))
+    >>> choice_local_queue((h100, a100))
+    'gpufn-h100-80gb-or-a100-80gb'
+    """
+    name = "gpufn-" + "-or-".join(c.name for c in accepted)
+    if len(name) <= 63:  # a label value (the Job's queue-name label names it)
+        return name
+    return "gpufn-choice-" + hashlib.sha256("|".join(c.name for c in accepted).encode()).hexdigest()[:16]
+
+
+def _quota(gpu_class: GpuClass, count: int) -> list[dict[str, Any]]:
+    """A flavor's quota of `count` GPUs of the class, and the CPU and memory of that many workers."""
+    return [{"name": "cpu", "nominalQuota": _times(gpu_class.cpu or "1", count)},
+            {"name": "memory", "nominalQuota": _times(gpu_class.memory or "4Gi", count)},
+            {"name": gpu_class.resource_name, "nominalQuota": str(count)}]
+
+
+def kueue_manifests(classes: Iterable[GpuClass], gpus: Mapping[str, int], namespace: str,
+                    choices: Iterable[tuple[str, ...]] = ()) -> list[dict[str, Any]]:
     """The Kueue objects matching the classes in Kueue mode: per class a ResourceFlavor (the class's
     node selector and tolerations), a ClusterQueue `gpufn-<class>` whose quota is `gpus[class]`
     GPUs (and the CPU and memory of that many workers), preempting lower priorities within it, a
     LocalQueue in `namespace`; and every WorkloadPriorityClass the classes name, valued by the
     `dagster/priority` threshold that selects it.
+
+    Each of `choices` (classes a Function accepts in order) gets a ClusterQueue whose flavors are
+    those classes in that order -- Kueue admits a Workload on the first flavor with room, its own
+    flavor fungibility -- with no quota of its own: it borrows its classes' from their
+    ClusterQueues (all in cohort `gpufn`), so the GPUs of a class are counted once; and its
+    LocalQueue (`choice_local_queue`).
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, cpu="4",
@@ -73,36 +112,46 @@ def kueue_manifests(classes: Iterable[GpuClass], gpus: Mapping[str, int], namesp
     >>> [(m["kind"], m["metadata"]["name"]) for m in kueue_manifests([l4], {"l4": 8}, "dagster")]
     [('ResourceFlavor', 'l4'), ('ClusterQueue', 'gpufn-l4'), ('LocalQueue', 'gpu-l4'), ('WorkloadPriorityClass', 'gpu-normal')]
     """
+    classes = list(classes)
+    by_name = {c.name: c for c in classes if c.kueue is not None}
     objects: list[dict[str, Any]] = []
     priorities: dict[str, int] = {}
-    for gpu_class in classes:
-        if gpu_class.kueue is None:
-            continue
+    for gpu_class in by_name.values():
         count = gpus.get(gpu_class.name, gpu_class.max_gpu_count_per_worker)
-        quota = [{"name": "cpu", "nominalQuota": _times(gpu_class.cpu or "1", count)},
-                 {"name": "memory", "nominalQuota": _times(gpu_class.memory or "4Gi", count)},
-                 {"name": gpu_class.resource_name, "nominalQuota": str(count)}]
+        quota = _quota(gpu_class, count)
         objects += [
             {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": gpu_class.name},
              "spec": {"nodeLabels": dict(gpu_class.node_selector),
                       "tolerations": [_camel(t.to_k8s()) for t in gpu_class.tolerations]}},
-            {"apiVersion": API, "kind": "ClusterQueue", "metadata": {"name": cluster_queue_name(gpu_class)},
-             "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
-                      "preemption": {"withinClusterQueue": "LowerPriority"},
-                      "resourceGroups": [{"coveredResources": [q["name"] for q in quota],
-                                          "flavors": [{"name": gpu_class.name, "resources": quota}]}]}},
-            {"apiVersion": API, "kind": "LocalQueue",
-             "metadata": {"name": gpu_class.kueue.local_queue, "namespace": namespace},
-             "spec": {"clusterQueue": cluster_queue_name(gpu_class)}},
+            _cluster_queue(cluster_queue_name(gpu_class), [(gpu_class, quota)]),
+            _local_queue(gpu_class.kueue.local_queue, namespace, cluster_queue_name(gpu_class)),
         ]
         if gpu_class.kueue.priority_class is not None:
             priorities.setdefault(gpu_class.kueue.priority_class, 0)
         for threshold, name in gpu_class.kueue.priority_classes.items():
             priorities.setdefault(name, threshold)
+    for names in choices:
+        accepted = tuple(by_name[name] for name in names)  # KeyError: not a class in Kueue mode
+        name = choice_local_queue(accepted)
+        objects += [_cluster_queue(name, [(c, _quota(c, 0)) for c in accepted]), _local_queue(name, namespace, name)]
     objects += [{"apiVersion": API, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value,
                  "description": f"gpufn runs of dagster/priority {value} and above"}
                 for name, value in sorted(priorities.items(), key=lambda item: -item[1])]
     return objects
+
+
+def _cluster_queue(name: str, flavors: list[tuple[GpuClass, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """A ClusterQueue of flavors tried in this order (each a class and its quota), in cohort `gpufn`."""
+    return {"apiVersion": API, "kind": "ClusterQueue", "metadata": {"name": name},
+            "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO", "cohortName": COHORT,
+                     "preemption": {"withinClusterQueue": "LowerPriority"},
+                     "resourceGroups": [{"coveredResources": [q["name"] for q in flavors[0][1]],
+                                         "flavors": [{"name": c.name, "resources": quota} for c, quota in flavors]}]}}
+
+
+def _local_queue(name: str, namespace: str, cluster_queue: str) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "LocalQueue", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue}}
 
 
 def _times(quantity: str, count: int) -> str:

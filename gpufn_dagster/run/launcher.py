@@ -131,20 +131,24 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             return
         placement = plan.placement
         gpu_class = placement.gpu_class
-        self._instance.add_run_tags(run.run_id, {**run_gpu_tags(gpu_class.name, placement.gpu_count),
+        self._instance.add_run_tags(run.run_id, {**run_gpu_tags(placement.request, placement.gpu_count),
                                                  PLACEMENT_TAG: RunKind.GPU.value})
         queued = (f"; Kueue admits it from LocalQueue {gpu_class.kueue.local_queue!r} (its Job stays suspended "
                   "until then)" if gpu_class.kueue else "")
+        either = " or ".join if placement.alternatives else "".join
         self._instance.report_engine_event(
-            f"GPU placement: {placement.describe()}{queued}",
+            f"GPU placement: {placement.describe()}{queued}"
+            + (" -- the first of them with room, as the scheduler finds it" if placement.alternatives else ""),
             run,
             EngineEventData({
-                "GPU class": gpu_class.name,
-                "GPU model": gpu_class.gpu_model,
+                "GPU class": placement.request,
+                "GPU model": either(c.gpu_model for c in placement.accepted),
                 "GPU count": placement.gpu_count,
                 "Resource": gpu_class.resource_name,
-                "Node selector": ", ".join(f"{k}={v}" for k, v in sorted(gpu_class.node_selector.items())),
-                "Tolerations": ", ".join(f"{t.key}:{t.effect}" for t in gpu_class.tolerations),
+                "Node selector": either(", ".join(f"{k}={v}" for k, v in sorted(c.node_selector.items()))
+                                        for c in placement.accepted),
+                "Tolerations": ", ".join(sorted({f"{t.key}:{t.effect}" for c in placement.accepted
+                                                 for t in c.tolerations})),
                 **({"Kueue LocalQueue": gpu_class.kueue.local_queue,
                     "Kueue priority class": gpu_class.kueue.priority_class_for(placement.priority) or "(Kueue's default)"}
                    if gpu_class.kueue else {}),

@@ -30,12 +30,13 @@ from typing import Any
 from dagster import DagsterRunStatus, RunsFilter
 from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
-from ..classes import GpuClass, cached_gpu_classes, resolve_classes_dir
+from ..classes import GpuClass, cached_gpu_classes, choice_view, resolve_classes_dir
 from ..dagster_private import EngineEventData
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, RunKind, gpu_pool, pool_class, time_tag, waiting_since)
+                    CapacityReason, CapacityState, RunKind, class_choice, gpu_pool, pool_class, time_tag,
+                    waiting_since)
 from .capacity import past_max_wait
 from .estimate import waited_tag
 from .gauges import ClassGauges, embedded_gauges
@@ -46,6 +47,31 @@ from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 
 # A run held because the class files do not load never leaves the queue while that lasts.
 HELD_BY_INVALID_CLASSES = {"key": CAPACITY_REASON_TAG, "value": CapacityReason.CLASSES_INVALID.value, "limit": 0}
+
+
+def pooled_classes(instance: DagsterInstance, classes: Mapping[str, GpuClass],
+                   requests: Iterable[str] = ()) -> dict[str, GpuClass]:
+    """The classes, and each ordered choice of them that a pool stands for -- a Function that
+    accepts several classes claims a slot of the pool `gpu-h100-80gb|a100-80gb` -- as this
+    coordinator counts them: a choice's local slots are its classes' together, its max_wait its
+    first class's. `requests`: choices not known to the instance yet (a run being submitted).
+
+    Example:
+        >>> from dagster import DagsterInstance
+        >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, local={"slots": 2})
+        >>> t4 = GpuClass(name="t4", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1, local={"slots": 1})
+        >>> pooled = pooled_classes(DagsterInstance.ephemeral(), {"l4": l4, "t4": t4}, ["t4|l4"])
+        >>> {name: c.local.slots for name, c in pooled.items()}
+        {'l4': 2, 't4': 1, 't4|l4': 3}
+    """
+    out = dict(classes)
+    known = [pool_class(pool.name) for pool in instance.event_log_storage.get_pool_limits()] \
+        if instance.event_log_storage.supports_global_concurrency_limits else []
+    for request in {*filter(None, known), *requests}:
+        accepted = tuple(classes.get(name) for name in class_choice(request))
+        if len(accepted) > 1 and all(accepted):
+            out[request] = choice_view(accepted)
+    return out
 
 
 def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[StepWait], dict[str, list[tuple[str, str]]]]:
@@ -66,7 +92,9 @@ def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[
 
 
 def embedded_class_gauges(instance: DagsterInstance, classes: Mapping[str, GpuClass], now: float) -> list[ClassGauges]:
-    """Each class's gauges now, in the embedded mode: its local slots, those claimed, who waits."""
+    """Each class's gauges now, in the embedded mode: its local slots, those claimed, who waits --
+    and each choice of classes' (`pooled_classes`), whose steps claim its own pool."""
+    classes = pooled_classes(instance, classes)
     waits, claimed = slot_waits(instance, classes)
     return embedded_gauges({name: c.local.slots for name, c in classes.items()}, waits,
                            {name: len(steps) for name, steps in claimed.items()}, now)
@@ -113,8 +141,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, HELD_BY_INVALID_CLASSES])
         self._release_held()
         if self._instance.event_log_storage.supports_global_concurrency_limits:
-            self._sync_pool_limits(classes.values())
-            self._report_waits(classes, time.time())
+            pooled = pooled_classes(self._instance, classes)
+            self._sync_pool_limits(pooled.values())
+            self._report_waits(pooled, time.time())
         return config
 
     def _release_held(self) -> None:
@@ -159,8 +188,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             names = sorted(placements)
             tags = {GPU_CLASS_TAG: ",".join(names), RUN_GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
                     PLACEMENT_TAG: RunKind.LOCAL.value}
-            empty = [name for name in names if placements[name].gpu_class.local.slots == 0]
-            too_big = [name for name in names if placements[name].gpu_count > placements[name].gpu_class.local.slots]
+            slots = {name: [c.local.slots for c in placements[name].accepted] for name in names}
+            empty = [name for name in names if not any(slots[name])]
+            too_big = [name for name in names if placements[name].gpu_count > max(slots[name])]
             if empty or too_big:
                 # A step that can never get its slots would wait forever: refuse the run now, saying why.
                 name = (empty or too_big)[0]
@@ -171,10 +201,13 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                     f"GPU class {name!r} has local.slots: 0, so no step of it can run on this machine "
                     "(embedded mode); give it slots in its class file, or run it on Kubernetes" if empty else
                     f"This run can never start here: a step asks for {placements[name].gpu_count} GPUs of class "
-                    f"{name!r}, whose local.slots is {placements[name].gpu_class.local.slots} (a slot is one GPU); "
+                    f"{name!r}, whose local.slots is {max(slots[name])} (a slot is one GPU); "
                     "give the class more slots in its file, ask for fewer GPUs, or run it on Kubernetes"))
                 return self._instance.get_run_by_id(run.run_id)
             self._instance.add_run_tags(run.run_id, tags)
+            if self._instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
+                self._sync_pool_limits(pooled_classes(self._instance, {c.name: c for p in placements.values()
+                                                                       for c in p.accepted}, names).values())
             run = self._instance.get_run_by_id(run.run_id)
         return run
 

@@ -21,7 +21,7 @@ from typing import Any
 from ..classes import GpuClass, suggestion
 from ..errors import PlacementError
 from ..k8s_syntax import parse_quantity
-from ..tags import CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG
+from ..tags import CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG, choice_request, class_choice
 from .kueue import kueue_labels
 
 _GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "google.com/tpu")
@@ -29,15 +29,33 @@ _GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "
 
 @dataclass(frozen=True)
 class Placement:
-    """A run worker (or step pod) on `gpu_count` GPUs of `gpu_class`'s node pool; `priority` is the
-    run's `dagster/priority`, which picks its Kueue priority class when the class is in Kueue mode."""
+    """A run worker (or step pod) on `gpu_count` GPUs of `gpu_class`'s node pool -- or, when the
+    Function accepts several classes, of any of theirs, preferring them in order (`alternatives`
+    follow `gpu_class`); `priority` is the run's `dagster/priority`, which picks its Kueue
+    priority class when the class is in Kueue mode."""
 
     gpu_class: GpuClass
     gpu_count: int
     priority: int = 0
+    alternatives: tuple[GpuClass, ...] = ()
+
+    @property
+    def accepted(self) -> tuple[GpuClass, ...]:
+        """The classes whose pools the pod may land on, first choice first."""
+        return (self.gpu_class, *self.alternatives)
+
+    @property
+    def request(self) -> str:
+        """The request text of the classes (`tags.choice_request`): the run's and pod's GPU class."""
+        return choice_request([c.name for c in self.accepted])
 
     def describe(self) -> str:
-        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {self.gpu_class.name!r}"
+        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {_either(self.accepted)}"
+
+
+def _either(accepted: tuple[GpuClass, ...]) -> str:
+    """"'l4'", or "'h100-80gb' or else 'a100-80gb'" for classes accepted in order."""
+    return " or else ".join(repr(c.name) for c in accepted)
 
 
 @dataclass(frozen=True)
@@ -62,11 +80,11 @@ class PodPlacement:
     @classmethod
     def decide(cls, placement: Placement) -> PodPlacement:
         kueue = placement.gpu_class.kueue
-        return cls(placement.gpu_class.name, placement.gpu_count, placement.gpu_class.resource_name,
+        return cls(placement.request, placement.gpu_count, placement.gpu_class.resource_name,
                    placement_k8s_config(placement), kueue.priority_class_for(placement.priority) if kueue else None)
 
     def describe(self) -> str:
-        return f"{self.gpu_count} x {self.resource_name} on GPU class {self.gpu_class!r}"
+        return f"{self.gpu_count} x {self.resource_name} on GPU class {' or else '.join(map(repr, class_choice(self.gpu_class)))}"
 
     def to_json(self) -> dict[str, Any]:
         return {"gpu_class": self.gpu_class, "gpu_count": self.gpu_count, "resource_name": self.resource_name,
@@ -137,10 +155,11 @@ def gpu_requests(step_tags: Iterable[Mapping[str, str] | None]) -> dict[str, int
 
 
 def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClass]) -> Placement | None:
-    """One class for the run worker, or None for a CPU run.
+    """One class (or ordered choice of classes) for the run worker, or None for a CPU run.
 
     A run that selects Functions of two classes is rejected: one pod cannot sit on two node
-    pools, and putting it on either would be silently wrong for the other's Functions.
+    pools, and putting it on either would be silently wrong for the other's Functions. (A
+    Function that accepts several classes is one request: its pod may land on any of them.)
     """
     if not requests:
         return None
@@ -152,22 +171,42 @@ def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClas
             "its own pod on its own class: use gpufn's executor, gpu_classes_executor "
             "(build_definitions' default, or define_asset_job(..., executor_def=gpu_classes_executor)); or "
             "materialize each class's Functions in its own run")
-    (name, count), = requests.items()
-    if name not in classes:
-        raise PlacementError(f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; configured classes: "
-                             f"{', '.join(sorted(classes))}")
-    gpu_class = classes[name]
-    if count > gpu_class.max_gpu_count_per_worker:
-        raise PlacementError(f"{count} GPUs requested of class {name!r}, whose max_gpu_count_per_worker is "
-                             f"{gpu_class.max_gpu_count_per_worker}")
+    (request, count), = requests.items()
+    accepted: list[GpuClass] = []
+    for name in class_choice(request):
+        if name not in classes:
+            raise PlacementError(f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; configured "
+                                 f"classes: {', '.join(sorted(classes))}")
+        gpu_class = classes[name]
+        if count > gpu_class.max_gpu_count_per_worker:
+            raise PlacementError(f"{count} GPUs requested of class {name!r}, whose max_gpu_count_per_worker is "
+                                 f"{gpu_class.max_gpu_count_per_worker}")
+        if accepted and gpu_class.resource_name != accepted[0].resource_name:
+            raise PlacementError(f"classes {accepted[0].name!r} ({accepted[0].resource_name}) and {name!r} "
+                                 f"({gpu_class.resource_name}) name different GPU resources; one pod asks for one")
+        accepted.append(gpu_class)
     if count < 1:
-        raise PlacementError(f"GPU count must be at least 1 for class {name!r}, got {count}")
-    return Placement(gpu_class, count)
+        raise PlacementError(f"GPU count must be at least 1 for class {request!r}, got {count}")
+    if len({c.kueue is None for c in accepted}) > 1:
+        raise PlacementError(f"of the classes accepted together ({request}), "
+                             f"{', '.join(repr(c.name) for c in accepted if c.kueue)} are in Kueue mode and "
+                             f"{', '.join(repr(c.name) for c in accepted if not c.kueue)} not: Kueue admits a Job "
+                             "on one ClusterQueue's flavors, or the scheduler places it, never both")
+    return Placement(accepted[0], count, alternatives=tuple(accepted[1:]))
 
 
-def _affinity_terms(gpu_class: GpuClass) -> list[dict[str, Any]]:
-    return [{"match_expressions": [{"key": r.key, "operator": r.operator, **({"values": r.values} if r.values else {})}
-                                   for r in term.match_expressions]} for term in gpu_class.node_affinity]
+def _affinity_terms(gpu_class: GpuClass, pinned: bool) -> list[dict[str, Any]]:
+    """The class's node affinity terms (ORed); `pinned` adds its node selector to each as `In`
+    expressions, so the class can be one alternative among the ORed terms of several classes."""
+    selector = [{"key": key, "operator": "In", "values": [value]}
+                for key, value in sorted(gpu_class.node_selector.items())] if pinned else []
+    terms = [[{"key": r.key, "operator": r.operator, **({"values": r.values} if r.values else {})}
+              for r in term.match_expressions] for term in gpu_class.node_affinity] or [[]]
+    return [{"match_expressions": selector + term} for term in terms if selector + term]
+
+
+# How much the scheduler prefers a node of the first accepted class over one of the next (and so on).
+_PREFERENCE_WEIGHTS = (100, 50, 25, 12, 6, 3, 1)
 
 
 # dagster-k8s's user-defined config sections (`dagster-k8s/config`, `run_k8s_config`), as its
@@ -181,7 +220,14 @@ K8S_CONFIG_SECTIONS = (CONTAINER_CONFIG, POD_METADATA, POD_SPEC_CONFIG, "job_con
 
 
 def placement_k8s_config(placement: Placement) -> dict[str, Any]:
-    """The class's placement as a dagster-k8s user-defined config (snake_case, merged last)."""
+    """The class's placement as a dagster-k8s user-defined config (snake_case, merged last).
+
+    A placement that accepts several classes may land on any of their pools: its required node
+    affinity ORs one term per class (the class's selector and affinity), its tolerations are all
+    theirs, and a preferred node affinity weighs the classes in order, so the scheduler picks
+    the first class with room. Its CPU and memory are the first class's; its label names the first
+    class and an annotation all of them (`CLASSES_ANNOTATION`).
+    """
     gpu_class, count = placement.gpu_class, placement.gpu_count
     limits: dict[str, str] = {gpu_class.resource_name: str(count)}
     requests: dict[str, str] = {gpu_class.resource_name: str(count)}
@@ -190,19 +236,30 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
     if gpu_class.memory:
         requests["memory"] = limits["memory"] = gpu_class.memory
     labels = {CLASS_LABEL: gpu_class.name, COUNT_LABEL: str(count)}
-    job_labels = {**labels, **kueue_labels(gpu_class, placement.priority)}  # Kueue reads the Job's labels
-    pod_spec: dict[str, Any] = {
-        "node_selector": dict(gpu_class.node_selector),
-        "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
-    }
-    if gpu_class.node_affinity:
-        pod_spec["affinity"] = {"node_affinity": {"required_during_scheduling_ignored_during_execution": {
-            "node_selector_terms": _affinity_terms(gpu_class)}}}
+    job_labels = {**labels, **kueue_labels(gpu_class, placement.priority, placement.alternatives)}  # Kueue reads them
+    choice = len(placement.accepted) > 1
+    tolerations: list[dict[str, Any]] = []
+    for toleration in (t.to_k8s() for c in placement.accepted for t in c.tolerations):
+        if toleration not in tolerations:
+            tolerations.append(toleration)
+    pod_spec: dict[str, Any] = {"node_selector": {} if choice else dict(gpu_class.node_selector),
+                                "tolerations": tolerations}
+    required = [term for c in placement.accepted for term in _affinity_terms(c, pinned=choice)]
+    node_affinity: dict[str, Any] = {}
+    if required:
+        node_affinity["required_during_scheduling_ignored_during_execution"] = {"node_selector_terms": required}
+    if choice:
+        node_affinity["preferred_during_scheduling_ignored_during_execution"] = [
+            {"weight": weight, "preference": term}
+            for c, weight in zip(placement.accepted, _PREFERENCE_WEIGHTS) for term in _affinity_terms(c, pinned=True)]
+    if node_affinity:
+        pod_spec["affinity"] = {"node_affinity": node_affinity}
+    annotations = {CLASSES_ANNOTATION: placement.request} if choice else {}
     return {
         CONTAINER_CONFIG: {"resources": {"limits": limits, "requests": requests}},
         POD_SPEC_CONFIG: pod_spec,
-        POD_METADATA: {"labels": labels},
-        JOB_METADATA: {"labels": job_labels},
+        POD_METADATA: {"labels": labels, **({"annotations": annotations} if annotations else {})},
+        JOB_METADATA: {"labels": job_labels, **({"annotations": annotations} if annotations else {})},
     }
 
 
@@ -276,12 +333,14 @@ def enforce_placement(config: Mapping[str, Any], placement: PodPlacement) -> dic
     affinity = pod_spec.get("affinity") or {}
     node_affinity = affinity.get("node_affinity") or {}
     if "affinity" in wanted[POD_SPEC_CONFIG]:
-        # Node selector terms are ORed: only the class's own may stand, or a user term could widen the pool.
-        node_affinity["required_during_scheduling_ignored_during_execution"] = (
-            wanted[POD_SPEC_CONFIG]["affinity"]["node_affinity"]["required_during_scheduling_ignored_during_execution"])
+        # Node selector terms are ORed: only the class's own may stand, or a user term could widen the
+        # pool; and the order of the classes accepted is the placement's, not a layer's below it.
+        node_affinity.update(wanted[POD_SPEC_CONFIG]["affinity"]["node_affinity"])
         affinity["node_affinity"] = node_affinity
         pod_spec["affinity"] = affinity
     for section in (POD_METADATA, JOB_METADATA):
         metadata = out.setdefault(section, {})
-        metadata["labels"] = {**(metadata.get("labels") or {}), **wanted[section]["labels"]}
+        for key in ("labels", "annotations"):
+            if key in wanted[section]:
+                metadata[key] = {**(metadata.get(key) or {}), **wanted[section][key]}
     return out

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
 from dagster import DagsterRun
 
-from ..classes import ClassesDir, cached_gpu_classes
+from ..classes import ClassesDir, GpuClass, cached_gpu_classes
 from ..errors import PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GPU_CLASS_TAG, SHARD_TAG,
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GOT_CLASS_TAG, GPU_CLASS_TAG, SHARD_TAG,
                     WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, RunKind, waiting_since)
 from .kueue import run_priority
 from .placement import PodPlacement, Placement, gpu_requests, request_key, resolve_placement, step_request
@@ -179,3 +179,29 @@ def waiting_runs(instance: DagsterInstance, now: float | None = None) -> dict[st
         out[run.tags.get(GPU_CLASS_TAG, "?")].append((run.run_id, now - waiting_since(run.tags, now),
                                                       run.tags.get(WAIT_ESTIMATE_TAG, "")))
     return {name: sorted(items, key=lambda item: -item[1]) for name, items in sorted(out.items())}
+
+
+def choice_note(accepted: tuple[GpuClass, ...], got: GpuClass, why: str) -> str:
+    """What a log line or event adds when several classes were acceptable: which choice was got, and
+    (`why`) what the classes before it lacked.
+
+    >>> from gpufn_dagster.classes import GpuClass
+    >>> a, b = (GpuClass(name=n, gpu_model="X", gpu_memory="8GiB", max_gpu_count_per_worker=1) for n in ("a", "b"))
+    >>> choice_note((a, b), b, "had no free slot"), choice_note((a, b), a, "-"), choice_note((a,), a, "-")
+    (' (choice 2 of a, b: a had no free slot)', ' (first choice of a, b)', '')
+    """
+    if len(accepted) < 2:
+        return ""
+    names = [c.name for c in accepted]
+    place = names.index(got.name)
+    if place == 0:
+        return f" (first choice of {', '.join(names)})"
+    return f" (choice {place + 1} of {', '.join(names)}: {', '.join(names[:place])} {why})"
+
+
+def tag_got_class(instance: DagsterInstance, run_id: str, gpu_class: str) -> None:
+    """Add `gpu_class` to the classes the run's GPU steps or pods got (`GOT_CLASS_TAG`, comma-separated)."""
+    run = instance.get_run_by_id(run_id)
+    got = [name for name in (run.tags.get(GOT_CLASS_TAG, "") if run else "").split(",") if name]
+    if gpu_class not in got:
+        instance.add_run_tags(run_id, {GOT_CLASS_TAG: ",".join(sorted({*got, gpu_class}))})

@@ -7,6 +7,10 @@ them or none, so two steps never each hold half of what they need -- (exclusive 
 the kernel releases if the step dies, so a killed step never keeps a slot) and sees their
 devices, `local.devices[slot % len(devices)]`, as CUDA_VISIBLE_DEVICES, comma-separated. A step
 whose GPUs are partly held by others waits here, saying so in its log.
+
+A Function that accepts several classes in order (`gpu_class=["h100-80gb", "a100-80gb"]`) claims
+a slot of its own pool, `gpu-h100-80gb|a100-80gb`, limited to the classes' slots together, and
+here takes the slots of the first class that has them free.
 """
 
 from __future__ import annotations
@@ -21,20 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from ..classes import GpuClass
-from ..tags import PLACEMENT_TAG, RunKind
+from ..tags import GOT_CLASS_TAG, PLACEMENT_TAG, RunKind
+from .run_plan import choice_note, tag_got_class
 
 
 @contextmanager
-def local_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int = 1, on_wait: Callable[[str], None] = print,
-                poll_seconds: float = 1.0, report_every: float = 30.0) -> Iterator[tuple[list[int], list[str]]]:
-    """Hold `gpus` free local slots of `gpu_class` while the block runs; yields (the slots, their devices).
+def local_slots(accepted: tuple[GpuClass, ...], lock_dir: Path, gpus: int = 1, on_wait: Callable[[str], None] = print,
+                poll_seconds: float = 1.0, report_every: float = 30.0
+                ) -> Iterator[tuple[GpuClass, list[int], list[str]]]:
+    """Hold `gpus` free local slots of the first class of `accepted` that has them, while the block
+    runs; yields (that class, the slots, their devices).
 
     Normally the slots are free at once (the pool admitted the step). A step run outside the
-    embedded coordinator's pool limits, or one asking for more GPUs than are free now, waits,
-    saying so every `report_every` seconds through `on_wait`.
+    embedded coordinator's pool limits, or one asking for more GPUs than are free now, waits --
+    for the first of its classes (in order) to have them at a later try -- saying so every
+    `report_every` seconds through `on_wait`.
 
     Args:
-        gpu_class: the step's class (`local.slots`, `local.devices`).
+        accepted: the step's classes, first choice first (`local.slots`, `local.devices`).
         lock_dir: where the slot lock files live (the Dagster instance's directory).
         gpus: how many slots (GPUs) the step needs; at most `local.slots` (the coordinator refuses more).
         on_wait: where to say that the step waits for slots.
@@ -42,36 +50,47 @@ def local_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int = 1, on_wait: Cal
         report_every: how often a waiting step says so.
     """
     lock_dir.mkdir(parents=True, exist_ok=True)
-    slots = max(gpu_class.local.slots, 1)
-    if gpus > slots:
-        raise ValueError(f"{gpus} GPUs asked of class {gpu_class.name!r}, which has {slots} local slot(s)")
+    usable = [c for c in accepted if max(c.local.slots, 1) >= gpus]
+    if not usable:
+        raise ValueError(f"{gpus} GPUs asked of class {' or '.join(repr(c.name) for c in accepted)}, which has "
+                         f"{' or '.join(str(max(c.local.slots, 1)) for c in accepted)} local slot(s)")
     started = reported = time.monotonic()
     while True:
-        held: list[tuple[int, Any]] = []
-        for slot in range(slots):
-            handle = open(lock_dir / f"{gpu_class.name}.{slot}.lock", "a")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
+        for gpu_class in usable:
+            held = _try_slots(gpu_class, lock_dir, gpus)
+            if held is None:
                 continue
-            held.append((slot, handle))
-            if len(held) == gpus:
-                break
-        if len(held) == gpus:
             try:
                 devices = gpu_class.local.devices
-                yield [slot for slot, _ in held], [devices[slot % len(devices)] for slot, _ in held] if devices else []
+                yield gpu_class, [slot for slot, _ in held], (
+                    [devices[slot % len(devices)] for slot, _ in held] if devices else [])
             finally:
                 _release(held)
             return
-        _release(held)  # all or none: never sit on part of what another step needs
         if time.monotonic() - reported >= report_every:
             reported = time.monotonic()
-            on_wait(f"{gpus} local slot(s) of GPU class {gpu_class.name!r} needed, {len(held)} of {slots} free: the "
-                    f"others are held by other steps on this machine (pid {os.getpid()} waited "
+            on_wait(f"{gpus} local slot(s) of GPU class {' or '.join(repr(c.name) for c in usable)} needed, not "
+                    f"free: held by other steps on this machine (pid {os.getpid()} waited "
                     f"{reported - started:.0f}s so far)")
         time.sleep(poll_seconds)
+
+
+def _try_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int) -> list[tuple[int, Any]] | None:
+    """The `gpus` lowest free slots of the class, locked; None (and nothing held) when fewer are free:
+    all or none, never sitting on part of what another step needs."""
+    held: list[tuple[int, Any]] = []
+    for slot in range(max(gpu_class.local.slots, 1)):
+        handle = open(lock_dir / f"{gpu_class.name}.{slot}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        held.append((slot, handle))
+        if len(held) == gpus:
+            return held
+    _release(held)
+    return None
 
 
 def _release(held: list[tuple[int, Any]]) -> None:
@@ -82,35 +101,82 @@ def _release(held: list[tuple[int, Any]]) -> None:
 
 @dataclass(frozen=True)
 class HeldSlots:
-    """The local slots a step holds, their devices, and the directory of the slot locks."""
+    """The local slots a step holds, their class and devices, and the directory of the slot locks."""
 
+    gpu_class: GpuClass
     slots: tuple[int, ...]
     devices: tuple[str, ...]
     lock_dir: Path
 
 
-@contextmanager
-def step_slot(context: Any, gpu_class: GpuClass | None, gpus: int = 1) -> Iterator[HeldSlots | None]:
-    """Embedded mode: hold `gpus` of the class's local slots (and their devices) while a GPU step
-    runs; yields what it holds (the step's warm Function instances live there: `refresh.warm`).
+@dataclass(frozen=True)
+class StepClass:
+    """The GPU class a step computes on, as far as the step knows it.
 
-    The pool let the step start; the slots say which devices it uses (CUDA_VISIBLE_DEVICES), in
-    the step's own process. Outside the embedded coordinator (Kubernetes, `materialize`) nothing
-    is held (the pod was given its GPUs) and None is yielded.
+    `accepted` is what its Function accepts, first choice first (empty for a CPU step); `held`
+    what it holds of them in the embedded mode. On Kubernetes the pod was given its GPUs, and when
+    several classes were acceptable the scheduler chose among their pools: the capacity watcher
+    saw which and tagged the run (`GOT_CLASS_TAG`), which is what `billed` reads.
+
+    Example:
+        >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+        >>> t4 = GpuClass(name="t4", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1)
+        >>> StepClass((l4, t4), None).describe(), StepClass((l4, t4), None).gpu_class is None
+        ('l4 or t4', True)
     """
-    if gpu_class is None or context.run.tags.get(PLACEMENT_TAG) != RunKind.LOCAL.value:
-        yield None
+
+    accepted: tuple[GpuClass, ...]
+    held: HeldSlots | None = None
+
+    @property
+    def gpu_class(self) -> GpuClass | None:
+        """The class it got: the one whose slots it holds, or its only class (None: CPU, or not known here)."""
+        if self.held is not None:
+            return self.held.gpu_class
+        return self.accepted[0] if len(self.accepted) == 1 else None
+
+    def describe(self) -> str:
+        got = self.gpu_class
+        return got.name if got is not None else " or ".join(c.name for c in self.accepted)
+
+    def billed(self, instance: Any, run_id: str) -> GpuClass | None:
+        """The class whose price the step's GPU time is billed at: the one it got, else the one the
+        run's `GOT_CLASS_TAG` names (None while that is not known: no cost is claimed)."""
+        if self.gpu_class is not None or not self.accepted:
+            return self.gpu_class
+        run = instance.get_run_by_id(run_id)
+        got = (run.tags.get(GOT_CLASS_TAG, "") if run is not None else "").split(",")
+        matches = [c for c in self.accepted if c.name in got]
+        return matches[0] if len(matches) == 1 else None
+
+
+@contextmanager
+def step_slot(context: Any, accepted: tuple[GpuClass, ...], gpus: int = 1) -> Iterator[StepClass]:
+    """Embedded mode: hold `gpus` local slots (and their devices) of the first of the Function's
+    classes that has them free, while a GPU step runs; yields the class the step got and what it
+    holds (the step's warm Function instances live there: `refresh.warm`).
+
+    The pool let the step start; the slots say which class and devices it uses
+    (CUDA_VISIBLE_DEVICES), in the step's own process. A step that got a class other than its
+    first choice says so in its log and tags the run with it (`GOT_CLASS_TAG`). Outside the
+    embedded coordinator (Kubernetes, `materialize`) nothing is held (the pod was given its GPUs).
+    """
+    if not accepted or context.run.tags.get(PLACEMENT_TAG) != RunKind.LOCAL.value:
+        yield StepClass(tuple(accepted))
         return
     lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
-    with local_slots(gpu_class, lock_dir, gpus, on_wait=context.log.warning) as (slots, devices):
+    with local_slots(tuple(accepted), lock_dir, gpus, on_wait=context.log.warning) as (gpu_class, slots, devices):
         before = os.environ.get("CUDA_VISIBLE_DEVICES")
         if devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         context.log.info(f"local GPU slot{'s' if len(slots) > 1 else ''} {', '.join(map(str, slots))} of class "
                          f"{gpu_class.name!r}"
-                         + (f", CUDA_VISIBLE_DEVICES={','.join(devices)}" if devices else ""))
+                         + (f", CUDA_VISIBLE_DEVICES={','.join(devices)}" if devices else "")
+                         + choice_note(accepted, gpu_class, 'had no free slot'))
+        if len(accepted) > 1:
+            tag_got_class(context.instance, context.run.run_id, gpu_class.name)
         try:
-            yield HeldSlots(tuple(slots), tuple(devices), lock_dir)
+            yield StepClass(tuple(accepted), HeldSlots(gpu_class, tuple(slots), tuple(devices), lock_dir))
         finally:  # a run worker running its steps itself (in_process) goes on to other steps
             if before is None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)

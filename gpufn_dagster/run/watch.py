@@ -38,11 +38,11 @@ import dagster as dg
 import kubernetes
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from ..classes import ClassesDir, GpuClass, cached_gpu_classes
+from ..classes import ClassesDir, GpuClass, cached_gpu_classes, choice_view
 from ..dagster_private import EngineEventData
 from ..errors import GpuClassError
-from ..tags import (CLASS_LABEL, COUNT_LABEL, GPU_CLASS_TAG, PLACEMENT_TAG, RUN_GPU_COUNT_TAG, CapacityState, KueueState,
-                    RunKind, waiting_since)
+from ..tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
+                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, class_choice, waiting_since)
 from . import kueue
 from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
                        pod_verdict, queue_positions)
@@ -51,7 +51,7 @@ from .history import report_estimates
 from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
-from .run_plan import release_ended_runs
+from .run_plan import choice_note, release_ended_runs, tag_got_class
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
@@ -122,6 +122,12 @@ def _step_of(pod: Any) -> str | None:
     return labels.get("dagster/op") if labels.get("app.kubernetes.io/component") == "step_worker" else None
 
 
+def _placed_choices(pods: list[Any]) -> list[Any]:
+    """The pods that accept several classes, placed on a node, whose class got is not noted yet."""
+    return [p for p in pods if p.spec.node_name and CLASSES_ANNOTATION in (p.metadata.annotations or {})
+            and GOT_CLASS_ANNOTATION not in (p.metadata.annotations or {})]
+
+
 def _run_id(obj: Any) -> str | None:
     return (obj.metadata.labels or {}).get("dagster/run-id")
 
@@ -181,6 +187,16 @@ class CapacityWatcher:
             return self._call(namespaced, self.namespace, **kwargs).items
         return self._call(everywhere, **kwargs).items
 
+    def _accepted(self, request: str) -> tuple[GpuClass, ...]:
+        """The classes a GPU request (a run's tag, a pod's annotation or label) accepts, first choice
+        first; () when one of them is not a class now."""
+        accepted = tuple(self.classes.get(name) for name in class_choice(request))
+        return accepted if all(accepted) else ()
+
+    def _pool(self, accepted: tuple[GpuClass, ...], nodes: list[Any]) -> list[Any]:
+        """The nodes of every class accepted: where the pod may land."""
+        return [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
+
     def _jobs(self, **kwargs: Any) -> list[View]:
         """Jobs as `View`s: a tick reads a few fields of every GPU run's Job, never its timestamps."""
         if self.namespace:
@@ -211,6 +227,7 @@ class CapacityWatcher:
                 report.count(gpu_class, decision, run)
             self._apply(run, decision, job, report)
         self._estimate(lines, seen.nodes, report, now)
+        self._note_classes_got(seen)
         report.stored = report.gauges(self.classes, seen.nodes, seen.pods)
         store_gauges(self.instance, report.stored, now)
         self._delete_orphans(seen.jobs, report)
@@ -227,7 +244,7 @@ class CapacityWatcher:
         per_step = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
                                                      tags={PLACEMENT_TAG: RunKind.PER_STEP.value}))
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
-        nodes = self._call(self.core.list_node).items if starting or per_step else []
+        nodes = self._call(self.core.list_node).items if starting or per_step or _placed_choices(pods) else []
         workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
         return _Seen(pods, jobs, starting, per_step, events, nodes, workloads)
 
@@ -238,9 +255,10 @@ class CapacityWatcher:
         pods_by_run = {_run_id(p): p for p in seen.pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in seen.jobs if _run_id(j)}
         for run in seen.starting:
-            gpu_class = self.classes.get(run.tags.get(GPU_CLASS_TAG, ""))
-            if gpu_class is None:
+            accepted = self._accepted(run.tags.get(GPU_CLASS_TAG, ""))
+            if not accepted:
                 continue
+            gpu_class = choice_view(accepted)  # several classes: the run waits in the line of their request
             job, pod = jobs_by_run.get(run.run_id), pods_by_run.get(run.run_id)
             workload = seen.workloads.get((job.metadata.namespace, _name(job))) if job is not None else None
             if workload is not None and workload.waiting:
@@ -257,7 +275,7 @@ class CapacityWatcher:
                 continue
             count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
             verdict = pod_verdict(pod, seen.events.get(_name(pod), []), gpu_class, count,
-                                  class_nodes(gpu_class, seen.nodes))
+                                  self._pool(accepted, seen.nodes))
             lines.verdicts[run.run_id] = (run, gpu_class, count, verdict, _job_of(pod))
         lines.positions = queue_positions({
             run_id: (gpu_class.name, waiting_since(run.tags, now))
@@ -308,7 +326,7 @@ class CapacityWatcher:
             waiting[gpu_class.name].append((lines.kueue_positions.get(workload.name, (10**9, 0))[0], run))
         if not waiting:
             return
-        capacities = {name: class_gpus(self.classes[name], nodes) for name in waiting}
+        capacities = {name: sum(class_gpus(c, nodes) for c in self._accepted(name)) for name in waiting}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
@@ -327,9 +345,11 @@ class CapacityWatcher:
             judged = []  # (step, job as (name, namespace), class, GPU count, verdict)
             for obj in by_run.get(run.run_id, []):
                 labels = obj.metadata.labels or {}
-                gpu_class = self.classes.get(labels.get(CLASS_LABEL, ""))
-                if gpu_class is None:
+                accepted = self._accepted((obj.metadata.annotations or {}).get(CLASSES_ANNOTATION)
+                                          or labels.get(CLASS_LABEL, ""))
+                if not accepted:
                     continue
+                gpu_class = choice_view(accepted)
                 count = int(labels.get(COUNT_LABEL, "1"))
                 if id(obj) in job_ids:
                     workload = seen.workloads.get((obj.metadata.namespace, _name(obj)))
@@ -338,7 +358,7 @@ class CapacityWatcher:
                                        kueue_verdict(workload)))
                     continue
                 verdict = pod_verdict(obj, seen.events.get(_name(obj), []), gpu_class, count,
-                                      class_nodes(gpu_class, seen.nodes))
+                                      self._pool(accepted, seen.nodes))
                 judged.append((_step_of(obj), _job_of(obj), gpu_class, count, verdict))
             if not judged:
                 continue
@@ -346,6 +366,30 @@ class CapacityWatcher:
             _, job, gpu_class, count, verdict = (waiting or judged)[0]
             yield run, decide(verdict, run.tags, gpu_class, count, None, now,
                               steps=[w[0] or "?" for w in waiting]), job, gpu_class.name
+
+    def _note_classes_got(self, seen: _Seen) -> None:
+        """For each pod that accepts several classes and was placed since the last tick: the class of
+        the node it landed on, on its run (`GOT_CLASS_TAG`, an event) and on the pod (an annotation,
+        so it is said once, and the class's gauges count its GPUs)."""
+        nodes = {_name(node): node for node in seen.nodes}
+        for pod in _placed_choices(seen.pods):
+            accepted, run_id = self._accepted(pod.metadata.annotations[CLASSES_ANNOTATION]), _run_id(pod)
+            node = nodes.get(pod.spec.node_name)
+            got = next((c for c in accepted if node is not None and class_nodes(c, [node])), None)
+            run = self.instance.get_run_by_id(run_id) if run_id else None
+            if got is None or run is None:
+                continue
+            tag_got_class(self.instance, run.run_id, got.name)
+            step = _step_of(pod)
+            self.instance.report_engine_event(
+                f"{'Step ' + step + ': ' if step else ''}GPU class {got.name!r} got: its pod was placed on node "
+                f"{pod.spec.node_name}{choice_note(accepted, got, 'had no room')}", run,
+                EngineEventData({"GPU class got": got.name, "GPU classes accepted": ", ".join(c.name for c in accepted),
+                                 "Node": pod.spec.node_name, **({"Step": step} if step else {})}),
+                cls=self.__class__)
+            self._call(self.core.patch_namespaced_pod, _name(pod), pod.metadata.namespace,
+                       {"metadata": {"annotations": {GOT_CLASS_ANNOTATION: got.name}}})
+            pod.metadata.annotations[GOT_CLASS_ANNOTATION] = got.name  # as written: this tick's gauges count it
 
     def _workloads(self) -> dict[tuple[str, str], kueue.WorkloadStatus]:
         """Kueue's Workloads by (namespace, Job name): two list calls per tick, whatever the number of runs."""

@@ -418,3 +418,82 @@ def test_the_shipped_kubernetes_instance_config_stores_runs_in_postgres_and_its_
         assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
         assert [m["Requested"] for m in event_metadata(instance, run_id) if "Requested" in m and m["GPU class"] == "a100-80gb"] \
             == ["2 x nvidia.com/gpu"]
+
+
+def h100():
+    return load_gpu_classes(CLASSES)["h100-80gb"]
+
+
+def placed_pod(core, namespace: str, run_id: str):
+    pod = wait_for(lambda: (p := run_pod(core, namespace, run_id)).spec.node_name and p, timeout=120, what="placed")
+    return pod, core.read_node(pod.spec.node_name)
+
+
+def test_a_run_accepting_two_classes_lands_on_the_first_with_room_and_says_which(core, namespace, instance, watcher,
+                                                                                 full_a100_pool):
+    run_id = materialize(instance, "frames__emb_any")  # a100-80gb, else h100-80gb; the A100 pool is full
+    pod, node = placed_pod(core, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "h100-80gb"  # not waiting behind the full first choice
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
+    run = instance.get_run_by_id(run_id)
+    assert run.tags[GPU_CLASS_TAG] == "a100-80gb|h100-80gb" and "gpufn/gpu-class-got" not in run.tags
+    (placed,) = [m for m in event_metadata(instance, run_id) if "GPU model" in m]
+    assert placed["GPU model"] == "NVIDIA-A100-SXM4-80GB or NVIDIA-H100-80GB-HBM3"
+
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class-got"] == "h100-80gb"
+    (got,) = [m for m in event_metadata(instance, run_id) if "GPU class got" in m]
+    assert (got["GPU class got"], got["Node"]) == ("h100-80gb", node.metadata.name)
+    said = [e.message for e in instance.all_logs(run_id) if e.message and "GPU class 'h100-80gb' got" in e.message]
+    assert said and "(choice 2 of a100-80gb, h100-80gb: a100-80gb had no room)" in said[0]
+    assert class_gauges(instance, "h100-80gb")[2] == 2  # its 2 GPUs counted in use on the class it got
+    assert class_gauges(instance, "a100-80gb")[2] == 0
+    watcher.tick()  # said once
+    assert len([m for m in event_metadata(instance, run_id) if "GPU class got" in m]) == 1
+
+
+def test_a_run_accepting_two_classes_prefers_the_first_when_both_have_room(core, namespace, instance, watcher):
+    run_id = materialize(instance, "frames__emb_any")
+    _, node = placed_pod(core, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "a100-80gb"
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class-got"] == "a100-80gb"
+
+
+def test_a_run_accepting_two_full_classes_waits_on_both_and_starts_on_the_first_to_free(core, namespace, instance,
+                                                                                        watcher, full_a100_pool):
+    fillers = [f"fill-h100-{i}" for i in range(NODES_PER_CLASS)]
+    for name in fillers:
+        core.create_namespaced_pod(namespace, gpu_pod(name, h100(), h100().max_gpu_count_per_worker))
+    for name in fillers:
+        wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase == "Running", what=name)
+    run_id = materialize(instance, "frames__emb_any")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    run = instance.get_run_by_id(run_id)
+    assert run.status == DagsterRunStatus.STARTING and run.tags["gpufn/capacity"] == "waiting"  # never a CPU
+    (event,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
+    assert event["GPU class"] == "a100-80gb|h100-80gb"
+    assert f"{2 * NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Scheduler message"]  # both pools looked at
+    core.patch_namespaced_pod("fill-h100-0", namespace, {"metadata": {"labels": {"gpufn.dev/fake-outcome": "succeed"}}})
+    _, node = placed_pod(core, namespace, run_id)
+    assert node.metadata.labels["gpufn.dev/pool"] == "h100-80gb"
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class-got"] == "h100-80gb"
+
+
+def test_the_shards_of_a_refresh_accepting_two_classes_fill_the_first_pool_then_the_second(
+        cluster, core, namespace, instance, watcher):
+    run_id = materialize(instance, "frames__emb_wide_any", job="fanned_any")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags["gpufn/placement"] == "per-step"
+    pools = []
+    for name in shard_step_pods(cluster, namespace, instance, run, range(4)):  # one after another, as launched
+        node = wait_for(lambda p=name: core.read_namespaced_pod(p, namespace).spec.node_name, what=f"{name} placed")
+        pools.append(core.read_node(node).metadata.labels["gpufn.dev/pool"])
+    assert pools == ["a100-80gb", "a100-80gb", "h100-80gb", "h100-80gb"]  # 8 GPUs each: one node per shard
+    watcher.tick()
+    assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class-got"] == "a100-80gb,h100-80gb"
+    got = sorted((m["Step"], m["GPU class got"]) for m in event_metadata(instance, run_id) if "GPU class got" in m)
+    assert [c for _, c in got] == ["a100-80gb", "a100-80gb", "h100-80gb", "h100-80gb"], got
+    assert class_gauges(instance, "a100-80gb")[2] == class_gauges(instance, "h100-80gb")[2] == 16

@@ -117,6 +117,8 @@ def chain(error: BaseException) -> str:
 @pytest.mark.parametrize(("changes", "field", "words"), [
     ({"gpu_class": "v100"}, "gpu_class", "unknown GPU class 'v100'"),
     ({"gpu_class": "l4", "gpu_count": 5}, "gpu_count", "exceeds class 'l4'"),
+    ({"gpu_class": ["a100-80gb", "l4"], "gpu_count": 5}, "gpu_count", "exceeds class 'l4'"),
+    ({"gpu_class": ["l4", "a100-mig-1g-10gb"]}, "gpu_class", "name different GPU resources"),
     ({"function": "PKG.udfs:nope"}, "function", "cannot import"),
     ({"function": "no_such_module:upper"}, "function", "cannot import"),
     ({"table": "nothing"}, "table", "table 'nothing' does not exist"),
@@ -186,3 +188,13 @@ def test_yaml_error_rules_are_the_same_policy_as_pythons(tmp_path, monkeypatch, 
     (checks,) = function_checks(asset)  # what the component's `checks: true` adds
     descriptions = {spec.name: spec.description for spec in checks.check_specs}
     assert "25.00%" in descriptions["failed_rows_below_threshold"]  # the check's threshold is the same figure
+
+
+def test_yaml_classes_in_order_are_the_same_request_as_pythons(tmp_path, monkeypatch, docs_table):
+    from gpufn_dagster import function_of
+
+    defs, _ = load_with(tmp_path, monkeypatch, docs_table, gpu_class=["h100-80gb", "a100-80gb"], gpu_count=2)
+    (asset,) = [a for a in defs.assets if a.key.to_user_string() == "docs__loud"]
+    assert function_of(asset).gpu_classes == ("h100-80gb", "a100-80gb")
+    assert asset.op.tags["gpufn/gpu-class"] == "h100-80gb|a100-80gb" and asset.op.pool == "gpu-h100-80gb|a100-80gb"
+

@@ -364,3 +364,44 @@ def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_pa
 def _workloads(cluster, namespace: str) -> list[dict]:
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
     return custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]
+
+
+def test_a_run_accepting_two_classes_is_admitted_on_the_first_flavor_with_quota_and_lands_on_its_pool(
+        cluster, core, namespace, kueue, kueue_classes, instance, watcher):
+    default = kueue_classes / "default.yaml"
+    default.write_text(default.read_text() + yaml.safe_dump({"kueue": {"local_queue": "gpu-default"}}))
+    core.patch_namespace(namespace, {"metadata": {"labels": {KUEUE_NAMESPACE_LABEL: "true"}}})
+    # l4 has no quota left (none at all here); default has room: the choice's ClusterQueue borrows it.
+    objects = kueue_manifests(load_gpu_classes(kueue_classes).values(), {"l4": 0, "default": 4}, namespace,
+                              [("l4", "default")])
+    suffix = uuid.uuid4().hex[:6]
+    renamed = {o["metadata"]["name"]: f"{o['metadata']['name']}-{suffix}" for o in objects if o["kind"] == "ClusterQueue"}
+    for body in objects:  # this test's own ClusterQueues, in a cohort of their own
+        if body["kind"] == "ClusterQueue":
+            body["metadata"]["name"] = renamed[body["metadata"]["name"]]
+            body["spec"]["cohortName"] = f"gpufn-{suffix}"
+        elif body["kind"] == "LocalQueue":
+            body["spec"]["clusterQueue"] = renamed[body["spec"]["clusterQueue"]]
+        try:
+            apply_objects(cluster, [body])
+        except kubernetes.client.ApiException as err:
+            if err.status != 409:  # flavors and priority classes are cluster-wide, made by an earlier test
+                raise
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    try:
+        run_id = materialize(instance, "frames__emb_either")
+        job = kubernetes.client.BatchV1Api(cluster.api_client()).read_namespaced_job(f"dagster-run-{run_id}", namespace)
+        assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpufn-l4-or-default"
+        admitted = condition(cluster, namespace, run_id, "Admitted")
+        assert admitted
+        (assignment,) = workload(cluster, namespace, run_id)["status"]["admission"]["podSetAssignments"]
+        assert assignment["flavors"]["nvidia.com/gpu"] == "default"  # l4's flavor first, but it had no quota
+        pod = running_pod(core, namespace, run_id)
+        assert core.read_node(pod.spec.node_name).metadata.labels["gpufn.dev/pool"] == "default"
+        watcher.tick()
+        assert instance.get_run_by_id(run_id).tags["gpufn/gpu-class-got"] == "default"
+    finally:
+        kubernetes.client.BatchV1Api(cluster.api_client()).delete_collection_namespaced_job(
+            namespace, propagation_policy="Background")
+        for name in renamed.values():
+            custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name)

@@ -15,11 +15,15 @@ from pathlib import Path
 
 import lancedb
 import pytest
+import yaml
 from dagster import DagsterEventType, DagsterRunStatus
+
+from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.run.local import embedded_class_gauges
 
 
 from ..conftest import wait_for
-from ..helpers import LOCAL_DEFS as DEFS, embedded, event_metadata, gpufn_serve, submit
+from ..helpers import LOCAL_DEFS as DEFS, docs_column, embedded, event_metadata, finish, gpufn_serve, submit
 
 def messages(instance, run_id: str) -> str:
     return "\n".join(e.message for e in instance.all_logs(run_id) if e.is_dagster_event and e.message)
@@ -275,3 +279,44 @@ def test_a_broken_class_file_holds_only_gpu_runs_and_fixing_it_lets_them_go_with
                  what="the held GPU run to start and succeed once the class files load")
         assert [m["Capacity reason"] for m in event_metadata(instance, gpu) if "Capacity reason" in m] == ["ClassesLoaded"]
         assert instance.get_run_by_id(gpu).tags["gpufn/placement"] == "local"
+
+
+def test_a_function_accepting_two_classes_takes_the_first_with_a_free_slot_and_says_which(
+        tmp_path, monkeypatch, classes_dir):
+    l4 = yaml.safe_load((classes_dir / "l4.yaml").read_text())
+    (classes_dir / "l4.yaml").write_text(yaml.safe_dump({**l4, "local": {"slots": 1, "devices": ["7"]}}))
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=DEFS.with_name("local_choice_defs.py"),
+                  local={"slots": 1, "devices": ["3"]}) as (instance, workspace, queue_pass, open_gate):
+        gates = Path(os.environ["GPUFN_TEST_GATES"])
+        holder = submit(workspace, "docs__slow")
+        queue_pass()
+        wait_for(lambda: (gates / "ticket-1").exists(), timeout=180, what="docs__slow computing on default's slot")
+        second = submit(workspace, "docs__either")  # accepts default, then l4: default's one slot is held
+        assert instance.get_run_by_id(second).tags["gpufn/gpu-class"] == "default|l4"
+        assert instance.event_log_storage.get_concurrency_info("gpu-default|l4").slot_count == 2  # both classes' slots
+        queue_pass()
+        wait_for(lambda: (gates / "ticket-2").exists(), timeout=180, what="docs__either computing")
+        assert instance.get_run_by_id(second).tags["gpufn/gpu-class-got"] == "l4"
+        gauges = {g.gpu_class: g for g in embedded_class_gauges(instance, load_gpu_classes(classes_dir), time.time())}
+        assert (gauges["default|l4"].capacity, gauges["default|l4"].in_use) == (2, 1)  # the choice's own line
+        assert gauges["default"].in_use == 1  # docs__slow
+        open_gate(1)
+        open_gate(2)
+        for run_id in (holder, second):
+            wait_for(lambda r=run_id: instance.get_run_by_id(r).status == DagsterRunStatus.SUCCESS, timeout=240,
+                     what=f"run {run_id[:8]} done")
+        log = " ".join(e.user_message for e in instance.all_logs(second))
+        assert "CUDA_VISIBLE_DEVICES=7 (choice 2 of default, l4: default had no free slot)" in log
+        assert set(docs_column("either")) == {f"D{i}@7" for i in range(6)}  # computed on l4's device
+        (materialized,) = instance.all_logs(second, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+        metadata = materialized.dagster_event.event_specific_data.materialization.metadata
+        assert metadata["gpu_class"].value == "l4"  # billed at the class it got
+
+        third = submit(workspace, "docs__either", "docs__slow")  # now default is free: the first choice
+        queue_pass()
+        wait_for(lambda: "of class 'default', CUDA_VISIBLE_DEVICES=3 (first choice of default, l4)"
+                 in " ".join(e.user_message for e in instance.all_logs(third)), timeout=180, what="the third on default")
+        open_gate(3)
+        open_gate(4)
+        assert finish(instance, queue_pass, third).status == DagsterRunStatus.SUCCESS
+        assert instance.get_run_by_id(third).tags["gpufn/gpu-class-got"] in {"default", "default,l4"}

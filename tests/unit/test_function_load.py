@@ -74,6 +74,28 @@ def test_too_many_gpus_names_the_class_maximum():
         gpu_function(table="items", column="y", gpu=True, gpu_count=2)(lambda_free_double)
 
 
+def test_classes_in_order_are_one_request_refused_at_load_when_one_cannot_serve_it():
+    asset = gpu_function(table="items", column="y", gpu_class=["h100-80gb", "a100-80gb"], gpu_count=4)(
+        lambda_free_double)
+    function = function_of(asset)
+    assert function.gpu_classes == ("h100-80gb", "a100-80gb") and function.gpu_class == "h100-80gb|a100-80gb"
+    assert asset.op.tags["gpufn/gpu-class"] == "h100-80gb|a100-80gb" and asset.op.pool == "gpu-h100-80gb|a100-80gb"
+    spec = asset.specs_by_key[dg.AssetKey("items__y")]
+    assert "gpufn/gpu-class" not in spec.tags and spec.metadata["gpu_class"] == "h100-80gb|a100-80gb"
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_count': 5 GPUs exceeds class 'l4'.s "
+                                                      r"max_gpu_count_per_worker of 4"):
+        gpu_function(table="items", column="y", gpu_class=["a100-80gb", "l4"], gpu_count=5)(lambda_free_double)
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_class': classes 'l4' .nvidia.com/gpu. and "
+                                                      r"'a100-mig-1g-10gb' .nvidia.com/mig-1g.10gb. name different"):
+        gpu_function(table="items", column="y", gpu_class=["l4", "a100-mig-1g-10gb"])(lambda_free_double)
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_class': unknown GPU class 'a100-40gb'"):
+        gpu_function(table="items", column="y", gpu_class=["l4", "a100-40gb"])(lambda_free_double)
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_class': \['l4', 'l4'\] names a class twice"):
+        gpu_function(table="items", column="y", gpu_class=["l4", "l4"])(lambda_free_double)
+    with pytest.raises(FunctionDefinitionError, match=r"field 'gpu_class': a list of GPU class names"):
+        gpu_function(table="items", column="y", gpu_class=[])(lambda_free_double)
+
+
 def test_uninferable_output_type_asks_for_one():
     def untyped(text):
         return text

@@ -67,6 +67,53 @@ def test_enforcement_keeps_user_narrowing_and_drops_widening():
     assert len(terms["node_selector_terms"]) == 1
 
 
+def test_a_pod_accepting_two_classes_may_land_on_either_pool_preferring_the_first():
+    placement = resolve_placement({"a100-80gb|h100-80gb": 2}, CLASSES_BY_NAME)
+    assert placement.request == "a100-80gb|h100-80gb" and placement.describe() == (
+        "2 x nvidia.com/gpu on GPU class 'a100-80gb' or else 'h100-80gb'")
+    config = placement_k8s_config(placement)
+    pod = config["pod_spec_config"]
+    assert pod["node_selector"] == {}  # a selector is ANDed: the classes' selectors go in ORed terms instead
+    affinity = pod["affinity"]["node_affinity"]
+    a100 = [{"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-a100-80gb"]},
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]
+    h100 = [{"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In", "values": ["h100"]},
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand", "reserved"]}]
+    assert affinity["required_during_scheduling_ignored_during_execution"]["node_selector_terms"] == [
+        {"match_expressions": a100}, {"match_expressions": h100}]
+    assert affinity["preferred_during_scheduling_ignored_during_execution"] == [
+        {"weight": 100, "preference": {"match_expressions": a100}},
+        {"weight": 50, "preference": {"match_expressions": h100}}]
+    pools = {t["value"] for t in pod["tolerations"] if t["key"] == "gpufn.dev/pool"}
+    assert pools == {"a100-80gb", "h100-80gb"}  # both pools' taints tolerated
+    assert len([t for t in pod["tolerations"] if t["key"] == "nvidia.com/gpu"]) == 1  # the shared one once
+    assert config["container_config"]["resources"]["requests"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}
+    assert config["pod_template_spec_metadata"]["annotations"] == {"gpufn.dev/gpu-classes": "a100-80gb|h100-80gb"}
+    assert config["pod_template_spec_metadata"]["labels"]["gpufn.dev/gpu-class"] == "a100-80gb"
+
+    decided = PodPlacement.decide(placement)
+    assert decided.gpu_class == "a100-80gb|h100-80gb" and decode_step_placements(
+        encode_step_placements({"x": decided})) == {"x": decided}
+    user = {"pod_spec_config": {"affinity": {"node_affinity": {
+        "preferred_during_scheduling_ignored_during_execution": [
+            {"weight": 100, "preference": {"match_expressions": h100}}]}}}}
+    out = enforce_placement(user, decided)["pod_spec_config"]["affinity"]["node_affinity"]
+    assert out == affinity  # no layer below reorders the classes
+
+
+def test_classes_accepted_together_must_share_a_resource_and_hold_the_count():
+    with pytest.raises(PlacementError, match="'l4' .nvidia.com/gpu. and 'a100-mig-1g-10gb' .nvidia.com/mig-1g.10gb."):
+        resolve_placement({"l4|a100-mig-1g-10gb": 1}, CLASSES_BY_NAME)
+    with pytest.raises(PlacementError, match="5 GPUs requested of class 'l4'"):
+        resolve_placement({"a100-80gb|l4": 5}, CLASSES_BY_NAME)
+    with pytest.raises(PlacementError, match="unknown GPU class 'v100'"):
+        resolve_placement({"l4|v100": 1}, CLASSES_BY_NAME)
+    queued = GpuClass.model_validate({**CLASSES_BY_NAME["l4"].model_dump(), "kueue": {"local_queue": "gpu-l4"}})
+    with pytest.raises(PlacementError, match="'l4' are in Kueue mode and 'a100-80gb' not"):
+        resolve_placement({"a100-80gb|l4": 1}, {**CLASSES_BY_NAME, "l4": queued})
+
+
 def test_a_decided_placement_travels_as_text_whole_and_carries_the_runs_kueue_priority_class():
     l4 = GpuClass.model_validate({**CLASSES_BY_NAME["l4"].model_dump(), "kueue": {
         "local_queue": "gpu-l4", "priority_classes": {10: "gpu-high", 0: "gpu-normal"}}})
