@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from .classes import cached_gpu_classes, list_gpu_classes
 from .errors import ApiConfigError, GpuClassError
+from .tags import class_choice
 
 TOKEN_ENV = "GPUFN_API_TOKEN"
 
@@ -40,7 +41,8 @@ def class_metrics(instance: Any, classes_dir: str | None, now: float) -> str:
     if stored is None:
         return prometheus_text([])
     gauges, observed_at = stored
-    return prometheus_text([g for g in gauges if g.gpu_class in classes], age_seconds=now - observed_at)
+    return prometheus_text([g for g in gauges if all(name in classes for name in class_choice(g.gpu_class))],
+                           age_seconds=now - observed_at)
 
 
 def create_app(classes_dir: str | None = None, token: str | None = None, dagster_home: Path | None = None) -> Starlette:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from ..tags import CLASS_GAUGES_KEY, CLASS_LABEL, COUNT_LABEL, GOT_CLASS_ANNOTATION
+from ..tags import CLASS_GAUGES_KEY, CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION
 from .pools import StepWait
 
 
@@ -112,9 +112,10 @@ def pod_counts(pods: Iterable[Any]) -> dict[str, tuple[int, int]]:
         labels = pod.metadata.labels or {}
         if CLASS_LABEL not in labels or pod.status.phase in ("Succeeded", "Failed"):
             continue
-        # a pod accepting several classes counts on the one it got, once the watcher noted it
-        entry = counts.setdefault((pod.metadata.annotations or {}).get(GOT_CLASS_ANNOTATION) or labels[CLASS_LABEL],
-                                  [0, 0])
+        # a pod accepting several classes counts on their choice's line until the watcher noted the one it got
+        annotations = pod.metadata.annotations or {}
+        entry = counts.setdefault(annotations.get(GOT_CLASS_ANNOTATION) or annotations.get(CLASSES_ANNOTATION)
+                                  or labels[CLASS_LABEL], [0, 0])
         if pod.spec.node_name:
             entry[0] += int(labels.get(COUNT_LABEL, "1"))
         else:

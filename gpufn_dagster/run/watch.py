@@ -87,12 +87,18 @@ class TickReport:
 
     def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any], pods: list[Any]) -> list[ClassGauges]:
         """Every class's gauges: its GPUs from its nodes, use and pods not placed from the GPU pods
-        the tick read, runs waiting and the longest wait from its decisions."""
+        the tick read, runs waiting and the longest wait from its decisions; and a line of its own
+        for each choice of classes with pods or runs waiting (their GPUs together), as embedded."""
         counts = pod_counts(pods)
-        return [ClassGauges(name, "gpu", class_gpus(gpu_class, nodes), counts.get(name, (0, 0))[0],
+        lines = {name: (gpu_class,) for name, gpu_class in classes.items()}
+        for name in {*counts, *self.classes} - set(classes):
+            accepted = tuple(classes.get(n) for n in class_choice(name))
+            if len(accepted) > 1 and all(accepted):
+                lines[name] = accepted
+        return [ClassGauges(name, "gpu", sum(class_gpus(c, nodes) for c in accepted), counts.get(name, (0, 0))[0],
                             counts.get(name, (0, 0))[1], len(self.classes[name].waiting_runs),
                             self.classes[name].longest_wait_seconds)
-                for name, gpu_class in sorted(classes.items())]
+                for name, accepted in sorted(lines.items())]
 
     def summary(self) -> str:
         parts = [f"{name}: {r.waiting} waiting (longest {r.longest_wait_seconds:.0f}s"
@@ -518,6 +524,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
                             when_rejected="Runs keep waiting; fix the sensor's access to the API.") from err
         context.log.info(report.summary())
         # The tick's gauges, each class's as an observation of its gpu_capacity/<class> asset.
-        return dg.SensorResult(skip_reason=report.summary(), asset_events=observations(report.stored))
+        return dg.SensorResult(skip_reason=report.summary(),  # one asset per class, none per choice
+                               asset_events=observations(g for g in report.stored if g.gpu_class in classes))
 
     return gpu_capacity

@@ -475,6 +475,8 @@ def test_a_run_accepting_two_full_classes_waits_on_both_and_starts_on_the_first_
     (event,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
     assert event["GPU class"] == "a100-80gb|h100-80gb"
     assert f"{2 * NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Scheduler message"]  # both pools looked at
+    capacity = NODES_PER_CLASS * (a100().max_gpu_count_per_worker + h100().max_gpu_count_per_worker)
+    assert class_gauges(instance, "a100-80gb|h100-80gb") == ("gpu", capacity, 0, 1, 1)  # the choice's own line
     core.patch_namespaced_pod("fill-h100-0", namespace, {"metadata": {"labels": {"gpufn.dev/fake-outcome": "succeed"}}})
     _, node = placed_pod(core, namespace, run_id)
     assert node.metadata.labels["gpufn.dev/pool"] == "h100-80gb"
