@@ -64,7 +64,9 @@ def _queue(cluster, namespace, core, kueue_classes, gpus: int) -> Iterator[str]:
     custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
     for body in objects:
         if body["kind"] == "ClusterQueue":
-            body["metadata"]["name"] = name
+            # in a cohort of its own: the ClusterQueue of an earlier test, still being deleted while Kueue
+            # ends its Workloads, must not lend this one quota
+            body["metadata"]["name"] = body["spec"]["cohortName"] = name
         elif body["kind"] == "LocalQueue":
             body["spec"]["clusterQueue"] = name
         try:
