@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from .errors import GpuClassError
-from .tags import choice_request
+from .tags import choice_request, class_choice
 from .k8s_syntax import (extended_resource_problem, label_value_problem, parse_quantity, qualified_name_problem,
                          quantity_problem)
 
@@ -321,6 +321,18 @@ ClassesDir = str | os.PathLike[str] | None
 # CPU Function). Steps read them when they run, so a class file edited after the code loaded
 # governs the next run.
 ClassNow = Callable[[], "tuple[GpuClass, ...]"]
+
+
+def accepted_classes(request: str, classes: Mapping[str, GpuClass]) -> tuple[GpuClass, ...]:
+    """The classes a GPU request (`tags.choice_request` text: a tag, a pool, an annotation) accepts,
+    first choice first; () when one of them is not a class now.
+
+    >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
+    >>> [c.name for c in accepted_classes("l4", {"l4": l4})], accepted_classes("l4|t4", {"l4": l4})
+    (['l4'], ())
+    """
+    accepted = tuple(classes.get(name) for name in class_choice(request))
+    return accepted if all(accepted) else ()
 
 
 def choice_view(accepted: tuple[GpuClass, ...]) -> GpuClass:

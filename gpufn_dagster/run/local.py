@@ -30,13 +30,12 @@ from typing import Any
 from dagster import DagsterRunStatus, RunsFilter
 from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
-from ..classes import GpuClass, cached_gpu_classes, choice_view, resolve_classes_dir
+from ..classes import GpuClass, accepted_classes, cached_gpu_classes, choice_view, resolve_classes_dir
 from ..dagster_private import EngineEventData
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, RunKind, class_choice, gpu_pool, pool_class, time_tag,
-                    waiting_since)
+                    CapacityReason, CapacityState, RunKind, gpu_pool, pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
 from .estimate import waited_tag
 from .gauges import ClassGauges, embedded_gauges
@@ -49,29 +48,32 @@ from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 HELD_BY_INVALID_CLASSES = {"key": CAPACITY_REASON_TAG, "value": CapacityReason.CLASSES_INVALID.value, "limit": 0}
 
 
-def pooled_classes(instance: DagsterInstance, classes: Mapping[str, GpuClass],
-                   requests: Iterable[str] = ()) -> dict[str, GpuClass]:
-    """The classes, and each ordered choice of them that a pool stands for -- a Function that
-    accepts several classes claims a slot of the pool `gpu-h100-80gb|a100-80gb` -- as this
-    coordinator counts them: a choice's local slots are its classes' together, its max_wait its
-    first class's. `requests`: choices not known to the instance yet (a run being submitted).
+def pooled_classes(classes: Mapping[str, GpuClass], requests: Iterable[str]) -> dict[str, GpuClass]:
+    """The classes, and each ordered choice of them among `requests` (the classes of the pools, or
+    of a run being submitted) -- a Function that accepts several classes claims a slot of the pool
+    `gpu-h100-80gb|a100-80gb` -- as this coordinator counts them (`classes.choice_view`): a
+    choice's local slots are its classes' together, its max_wait its first class's.
 
     Example:
-        >>> from dagster import DagsterInstance
         >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, local={"slots": 2})
         >>> t4 = GpuClass(name="t4", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1, local={"slots": 1})
-        >>> pooled = pooled_classes(DagsterInstance.ephemeral(), {"l4": l4, "t4": t4}, ["t4|l4"])
-        >>> {name: c.local.slots for name, c in pooled.items()}
+        >>> {name: c.local.slots for name, c in pooled_classes({"l4": l4, "t4": t4}, ["t4|l4", "l4", "v100"]).items()}
         {'l4': 2, 't4': 1, 't4|l4': 3}
     """
     out = dict(classes)
-    known = [pool_class(pool.name) for pool in instance.event_log_storage.get_pool_limits()] \
-        if instance.event_log_storage.supports_global_concurrency_limits else []
-    for request in {*filter(None, known), *requests}:
-        accepted = tuple(classes.get(name) for name in class_choice(request))
-        if len(accepted) > 1 and all(accepted):
+    for request in requests:
+        accepted = accepted_classes(request, classes)
+        if len(accepted) > 1:
             out[request] = choice_view(accepted)
     return out
+
+
+def pool_limits(instance: DagsterInstance) -> dict[str, int]:
+    """The limit of each GPU class's (or choice's) pool, by its classes (`tags.pool_class`)."""
+    if not instance.event_log_storage.supports_global_concurrency_limits:
+        return {}
+    return {name: pool.limit for pool in instance.event_log_storage.get_pool_limits()
+            if (name := pool_class(pool.name)) is not None}
 
 
 def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[StepWait], dict[str, list[tuple[str, str]]]]:
@@ -94,7 +96,7 @@ def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[
 def embedded_class_gauges(instance: DagsterInstance, classes: Mapping[str, GpuClass], now: float) -> list[ClassGauges]:
     """Each class's gauges now, in the embedded mode: its local slots, those claimed, who waits --
     and each choice of classes' (`pooled_classes`), whose steps claim its own pool."""
-    classes = pooled_classes(instance, classes)
+    classes = pooled_classes(classes, pool_limits(instance))
     waits, claimed = slot_waits(instance, classes)
     return embedded_gauges({name: c.local.slots for name, c in classes.items()}, waits,
                            {name: len(steps) for name, steps in claimed.items()}, now)
@@ -141,8 +143,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, HELD_BY_INVALID_CLASSES])
         self._release_held()
         if self._instance.event_log_storage.supports_global_concurrency_limits:
-            pooled = pooled_classes(self._instance, classes)
-            self._sync_pool_limits(pooled.values())
+            limits = pool_limits(self._instance)
+            pooled = pooled_classes(classes, limits)
+            self._sync_pool_limits(pooled.values(), limits)
             self._report_waits(pooled, time.time())
         return config
 
@@ -206,18 +209,17 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 return self._instance.get_run_by_id(run.run_id)
             self._instance.add_run_tags(run.run_id, tags)
             if self._instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
-                self._sync_pool_limits(pooled_classes(self._instance, {c.name: c for p in placements.values()
-                                                                       for c in p.accepted}, names).values())
+                self._sync_pool_limits(pooled_classes({c.name: c for p in placements.values() for c in p.accepted},
+                                                      names).values(), pool_limits(self._instance))
             run = self._instance.get_run_by_id(run.run_id)
         return run
 
-    def _sync_pool_limits(self, classes: Iterable[GpuClass]) -> None:
-        """Each class's pool limited to its `local.slots` (the class file is the one place of that fact)."""
-        storage = self._instance.event_log_storage
-        limits = {pool.name: pool.limit for pool in storage.get_pool_limits()}
+    def _sync_pool_limits(self, classes: Iterable[GpuClass], limits: Mapping[str, int]) -> None:
+        """Each class's pool limited to its `local.slots` (the class file is the one place of that
+        fact), given the pools' `limits` now (`pool_limits`)."""
         for gpu_class in classes:
-            if limits.get(gpu_pool(gpu_class.name)) != gpu_class.local.slots:
-                storage.set_concurrency_slots(gpu_pool(gpu_class.name), gpu_class.local.slots)
+            if limits.get(gpu_class.name) != gpu_class.local.slots:
+                self._instance.event_log_storage.set_concurrency_slots(gpu_pool(gpu_class.name), gpu_class.local.slots)
 
     def _report_waits(self, classes: Mapping[str, GpuClass], now: float) -> None:
         """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits end."""

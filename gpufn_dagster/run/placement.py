@@ -50,12 +50,12 @@ class Placement:
         return choice_request([c.name for c in self.accepted])
 
     def describe(self) -> str:
-        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {_either(self.accepted)}"
+        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {_either(self.request)}"
 
 
-def _either(accepted: tuple[GpuClass, ...]) -> str:
+def _either(request: str) -> str:
     """"'l4'", or "'h100-80gb' or else 'a100-80gb'" for classes accepted in order."""
-    return " or else ".join(repr(c.name) for c in accepted)
+    return " or else ".join(map(repr, class_choice(request)))
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class PodPlacement:
                    placement_k8s_config(placement), kueue.priority_class_for(placement.priority) if kueue else None)
 
     def describe(self) -> str:
-        return f"{self.gpu_count} x {self.resource_name} on GPU class {' or else '.join(map(repr, class_choice(self.gpu_class)))}"
+        return f"{self.gpu_count} x {self.resource_name} on GPU class {_either(self.gpu_class)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"gpu_class": self.gpu_class, "gpu_count": self.gpu_count, "resource_name": self.resource_name,

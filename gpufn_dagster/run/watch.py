@@ -38,11 +38,11 @@ import dagster as dg
 import kubernetes
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from ..classes import ClassesDir, GpuClass, cached_gpu_classes, choice_view
+from ..classes import ClassesDir, GpuClass, accepted_classes, cached_gpu_classes, choice_view
 from ..dagster_private import EngineEventData
 from ..errors import GpuClassError
 from ..tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
-                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, class_choice, waiting_since)
+                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
 from . import kueue
 from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
                        pod_verdict, queue_positions)
@@ -92,8 +92,7 @@ class TickReport:
         counts = pod_counts(pods)
         lines = {name: (gpu_class,) for name, gpu_class in classes.items()}
         for name in {*counts, *self.classes} - set(classes):
-            accepted = tuple(classes.get(n) for n in class_choice(name))
-            if len(accepted) > 1 and all(accepted):
+            if len(accepted := accepted_classes(name, classes)) > 1:
                 lines[name] = accepted
         return [ClassGauges(name, "gpu", sum(class_gpus(c, nodes) for c in accepted), counts.get(name, (0, 0))[0],
                             counts.get(name, (0, 0))[1], len(self.classes[name].waiting_runs),
@@ -193,12 +192,6 @@ class CapacityWatcher:
             return self._call(namespaced, self.namespace, **kwargs).items
         return self._call(everywhere, **kwargs).items
 
-    def _accepted(self, request: str) -> tuple[GpuClass, ...]:
-        """The classes a GPU request (a run's tag, a pod's annotation or label) accepts, first choice
-        first; () when one of them is not a class now."""
-        accepted = tuple(self.classes.get(name) for name in class_choice(request))
-        return accepted if all(accepted) else ()
-
     def _pool(self, accepted: tuple[GpuClass, ...], nodes: list[Any]) -> list[Any]:
         """The nodes of every class accepted: where the pod may land."""
         return [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
@@ -261,7 +254,7 @@ class CapacityWatcher:
         pods_by_run = {_run_id(p): p for p in seen.pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in seen.jobs if _run_id(j)}
         for run in seen.starting:
-            accepted = self._accepted(run.tags.get(GPU_CLASS_TAG, ""))
+            accepted = accepted_classes(run.tags.get(GPU_CLASS_TAG, ""), self.classes)
             if not accepted:
                 continue
             gpu_class = choice_view(accepted)  # several classes: the run waits in the line of their request
@@ -332,7 +325,7 @@ class CapacityWatcher:
             waiting[gpu_class.name].append((lines.kueue_positions.get(workload.name, (10**9, 0))[0], run))
         if not waiting:
             return
-        capacities = {name: sum(class_gpus(c, nodes) for c in self._accepted(name)) for name in waiting}
+        capacities = {name: sum(class_gpus(c, nodes) for c in accepted_classes(name, self.classes)) for name in waiting}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
@@ -351,8 +344,8 @@ class CapacityWatcher:
             judged = []  # (step, job as (name, namespace), class, GPU count, verdict)
             for obj in by_run.get(run.run_id, []):
                 labels = obj.metadata.labels or {}
-                accepted = self._accepted((obj.metadata.annotations or {}).get(CLASSES_ANNOTATION)
-                                          or labels.get(CLASS_LABEL, ""))
+                accepted = accepted_classes((obj.metadata.annotations or {}).get(CLASSES_ANNOTATION)
+                                            or labels.get(CLASS_LABEL, ""), self.classes)
                 if not accepted:
                     continue
                 gpu_class = choice_view(accepted)
@@ -379,7 +372,7 @@ class CapacityWatcher:
         so it is said once, and the class's gauges count its GPUs)."""
         nodes = {_name(node): node for node in seen.nodes}
         for pod in _placed_choices(seen.pods):
-            accepted, run_id = self._accepted(pod.metadata.annotations[CLASSES_ANNOTATION]), _run_id(pod)
+            accepted, run_id = accepted_classes(pod.metadata.annotations[CLASSES_ANNOTATION], self.classes), _run_id(pod)
             node = nodes.get(pod.spec.node_name)
             got = next((c for c in accepted if node is not None and class_nodes(c, [node])), None)
             run = self.instance.get_run_by_id(run_id) if run_id else None
