@@ -77,7 +77,7 @@ def kueue_tick(runs: int) -> dict[str, float]:
                                                        "requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},
                                                        "limits": {"nvidia.com/gpu": "1"}}}]}}}}
 
-        tags = {"gpufn/placement": "gpu", "gpufn/gpu-class": "l4", ".dagster/gpufn/gpu-count": "1"}
+        tags = {"gpufn/placement": "gpu", "gpufn/gpu-class": "l4", ".dagster/gpufn-gpu-count": "1"}
         holder = create_run_for_test(instance, job_name="gpu", status=DagsterRunStatus.STARTING, tags=tags)
         batch.create_namespaced_job(namespace, job(holder.run_id))
         run_ids = []

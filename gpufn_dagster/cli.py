@@ -77,8 +77,8 @@ def serve(host: str, port: int, classes_dir: str | None, token: str | None, allo
             raise click.BadParameter(f"{host} is not a loopback address and no token is set: pass --token (or "
                                      "$GPUFN_API_TOKEN), or --allow-unauthenticated to serve it open",
                                      param_hint="--host")
-        click.echo(f"gpufn serve: no token set: anyone who can reach {host}:{port} can list the GPU classes",
-                   err=True)
+        click.echo(f"gpufn serve: no token set: anyone who can reach {host}:{port} can list the GPU classes "
+                   "(GET /v1/gpu/classes) and read every class's gauges (GET /metrics)", err=True)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

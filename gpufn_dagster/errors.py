@@ -22,6 +22,12 @@ class FunctionDefinitionError(GpufnError, ValueError):
     """A Function's declaration does not fit its table, class or callable."""
 
 
+class PartitionKeyError(FunctionDefinitionError):
+    """A partition key cannot be written as a filter on the Function's partition column (on an
+    integer column: anything but the integer as `str(int(key))` writes it, so that no two keys
+    share a slice); static keys are refused when definitions load, dynamic ones when their run starts."""
+
+
 class ComponentError(FunctionDefinitionError):
     """A YAML component's attribute is invalid; the message names the `defs.yaml` file and the field."""
 

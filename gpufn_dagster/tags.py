@@ -23,8 +23,11 @@ from enum import Enum
 
 PREFIX = "gpufn/"
 # Dagster hides run tags under `.dagster/` from its UI and GraphQL API (the prefix of its own
-# bookkeeping tags, dagster._core.storage.tags.HIDDEN_TAG_PREFIX; a test holds them equal).
-HIDDEN_PREFIX = ".dagster/" + PREFIX
+# bookkeeping tags, dagster._core.storage.tags.HIDDEN_TAG_PREFIX; a test holds them equal). A tag
+# key has one namespace section at most (Dagster warns of others, and will refuse them), so the
+# hidden keys are `.dagster/gpufn-<name>`, not `.dagster/gpufn/<name>` (which releases before
+# 2026-12-04 wrote; their runs' bookkeeping is not read).
+HIDDEN_PREFIX = ".dagster/gpufn-"
 
 # On Function assets and their ops (the class also on runs, once the launcher has read it from the plan).
 GPU_CLASS_TAG = PREFIX + "gpu-class"
@@ -112,7 +115,7 @@ class RunKind(Enum):
 
 
 class KueueState(str, Enum):
-    """Every value of `.dagster/gpufn/kueue`: where a run's Workload stands in Kueue (`run.kueue`)."""
+    """Every value of `.dagster/gpufn-kueue`: where a run's Workload stands in Kueue (`run.kueue`)."""
 
     PENDING = "pending"                # no quota reserved yet
     QUOTA_RESERVED = "quota-reserved"  # quota reserved; admission checks still run
@@ -142,7 +145,7 @@ class CapacityState(str, Enum):
 
 
 class CapacityReason(str, Enum):
-    """Every value of `.dagster/gpufn/capacity-reason`: short fixed words; the event carries the prose."""
+    """Every value of `.dagster/gpufn-capacity-reason`: short fixed words; the event carries the prose."""
 
     CLASSES_INVALID = "ClassesInvalid"    # the GPU class files do not load: held in the queue until they do
     CLASSES_LOADED = "ClassesLoaded"      # they load again: the held run goes to the run queue
@@ -191,7 +194,7 @@ def run_gpu_tags(gpu_class: str, gpu_count: int) -> dict[str, str]:
     """The same on a run: the class shown (a user filters by it), the count kept hidden.
 
     >>> run_gpu_tags("l4", 2)
-    {'gpufn/gpu-class': 'l4', '.dagster/gpufn/gpu-count': '2'}
+    {'gpufn/gpu-class': 'l4', '.dagster/gpufn-gpu-count': '2'}
     """
     return {GPU_CLASS_TAG: gpu_class, RUN_GPU_COUNT_TAG: str(gpu_count)}
 
@@ -256,7 +259,7 @@ ENDED_WAITING = "ended"  # the wait-estimate tag of a run that ended while it wa
 def waiting_since(run_tags: Mapping[str, str], now: float) -> float:
     """When a run started waiting for GPU capacity (`now` for one that has no such tag yet).
 
-    >>> waiting_since({".dagster/gpufn/waiting-since": "2026-11-30T17:01:13Z"}, now=0.0), waiting_since({}, now=5.0)
+    >>> waiting_since({".dagster/gpufn-waiting-since": "2026-11-30T17:01:13Z"}, now=0.0), waiting_since({}, now=5.0)
     (1796058073.0, 5.0)
     """
     value = run_tags.get(WAITING_SINCE_TAG)

@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 from ..dagster_private import ObjectMetadataValue
 
+from ..function_spec.asset_attributes import AssetAttributes
 from ..function_spec.functions import Function
 from ..tags import DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, READS_METADATA_KEY
 
@@ -70,3 +71,10 @@ def declared_in(asset: dg.AssetsDefinition) -> str | None:
     """The YAML file that declared a Function asset, None when it was declared in Python."""
     value = _spec_metadata(asset).get(DECLARED_IN_METADATA_KEY)
     return getattr(value, "value", value)
+
+
+def with_freshness(asset: dg.AssetsDefinition, attributes: AssetAttributes) -> dg.AssetsDefinition:
+    """The asset with its declared freshness policy, set on its spec (a graph-backed asset's
+    decorator takes none, so every gpufn asset gets it the same way)."""
+    policy = attributes.freshness_policy
+    return asset if policy is None else asset.map_asset_specs(lambda spec: spec.replace_attributes(freshness_policy=policy))

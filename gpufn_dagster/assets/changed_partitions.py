@@ -1,6 +1,8 @@
-"""Which partitions of a partitioned Function a table change touched: what its sensors request.
+"""What a table's commits changed: whether any changed rows at all (`changed_data`), the last version
+that did (`data_version`), and which partitions of a partitioned Function they touched -- what the
+sensors request and what the table's observations report.
 
-Rows count as changed when a commit that changed data (`triggers.changed_data`: not gpufn's own
+Rows count as changed when a commit that changed data (`changed_data`: not gpufn's own
 refreshes, not maintenance) created or last updated them -- Lance records both per row on tables
 with stable row ids, as LanceDB tables made here are. On a sensor's first look, and for appends to
 a table without stable row ids, the rows not computed yet (or failed) are the changed ones; an
@@ -10,7 +12,7 @@ rows; a `partition_filter` Function counts each partition's changed rows instead
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import dagster as dg
 import lance
@@ -18,6 +20,80 @@ import lance
 from ..function_spec.functions import Function
 from ..function_spec.partitions import keys_of_values
 from ..refresh.signature import FAILED
+from ..tags import COMMIT_PREFIX
+
+
+_NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
+
+
+def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
+    """Whether any (operation, commit message) since the cursor added or changed rows.
+
+    >>> changed_data([("DataReplacement", "gpufn refresh docs.embedding"), ("Rewrite", ""), ("Merge", "")])
+    False
+    >>> changed_data([("DataReplacement", "gpufn: carry Function values over a view rebuild")])
+    False
+    >>> changed_data([("Append", ""), ("CreateIndex", "")])
+    True
+    """
+    for operation, message in operations:
+        if operation in _NO_DATA_CHANGE:
+            continue
+        if operation == "Merge":
+            continue  # columns added (e.g. a Function's declaration): no row added or changed
+        if operation == "DataReplacement" and message.startswith(COMMIT_PREFIX):
+            continue  # gpufn wrote computed values (a refresh, or carrying them over a view rebuild)
+        return True
+    return False
+
+
+def operations_since(dataset: lance.LanceDataset, version: int) -> list[tuple[str, str]]:
+    """(operation, commit message) of every commit after `version`, oldest first."""
+    count = dataset.version - version
+    transactions = dataset.get_transactions(count) if count > 0 else []
+    out = []
+    for transaction in reversed(transactions):
+        if transaction is None:  # transaction file cleaned up: assume it changed data
+            out.append(("Unknown", ""))
+            continue
+        properties = transaction.transaction_properties or {}
+        out.append((type(transaction.operation).__name__, properties.get("__lance_commit_message", "")))
+    return out
+
+
+def data_version(dataset: lance.LanceDataset) -> int:
+    """The last version of the table whose commit changed rows (`changed_data`): a table's data
+    version, which gpufn's own refreshes, column declarations and maintenance leave as it was.
+
+    >>> import lance, pyarrow as pa, tempfile
+    >>> uri = tempfile.mkdtemp() + "/t.lance"
+    >>> ds = lance.write_dataset(pa.table({"x": [1]}), uri)
+    >>> ds = lance.write_dataset(pa.table({"x": [2]}), uri, mode="append")
+    >>> ds.create_scalar_index("x", "BTREE"); ds = lance.dataset(uri)
+    >>> ds.version, data_version(ds)
+    (3, 2)
+    """
+    looked = 0
+    while looked < dataset.version - 1:
+        count = min(max(2 * looked, 16), dataset.version - 1)  # the newest `count` commits, newest first
+        for offset, transaction in enumerate(dataset.get_transactions(count)):
+            if offset < looked:
+                continue
+            operation = ("Unknown", "") if transaction is None else (  # cleaned up: assume it changed data
+                type(transaction.operation).__name__,
+                (transaction.transaction_properties or {}).get("__lance_commit_message", ""))
+            if changed_data([operation]):
+                return dataset.version - offset
+        looked = count
+    return 1  # the table's creation
+
+
+def appended_rows(dataset: lance.LanceDataset, base: int, operations: Sequence[tuple[str, str]]) -> int | None:
+    """How many rows the commits after version `base` added, when every data change among them is
+    an append; None when one updated or deleted rows (how many it touched is not in the metadata)."""
+    if any(op not in ("Append", *_NO_DATA_CHANGE, "Merge", "DataReplacement") for op, _ in operations):
+        return None
+    return dataset.count_rows() - dataset.checkout_version(base).count_rows()
 
 
 def unfilled_filter(function: Function, dataset: lance.LanceDataset) -> str | None:

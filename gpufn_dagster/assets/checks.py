@@ -20,6 +20,7 @@ import dagster as dg
 from ..errors import FunctionDefinitionError
 from ..refresh.signature import FAILED
 from .asset_spec import function_of
+from .reporting import failed_rows_now
 from .resources import LanceDBResource
 from .run_slice import run_slice
 
@@ -89,9 +90,12 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float | 
                                                 "failed_rows": failed_rows, "rows": rows})
         if "failed_rows_below_threshold" in selected:
             fraction = failed_rows / rows if rows else 0.0
+            named = failed_rows_now(lancedb, function, dataset, where) if failed_rows else {}
             yield dg.AssetCheckResult(check_name="failed_rows_below_threshold", passed=fraction <= max_failed_fraction,
                                       metadata={"failed_rows": failed_rows, "rows": rows,
                                                 "failed_fraction": dg.FloatMetadataValue(round(fraction, 6)),
-                                                "threshold": dg.FloatMetadataValue(max_failed_fraction)})
+                                                "threshold": dg.FloatMetadataValue(max_failed_fraction),
+                                                **({"first_failed_rows": named["failed_rows"],
+                                                    "failed_rows_query": named["failed_rows_query"]} if named else {})})
 
     return [_checks]

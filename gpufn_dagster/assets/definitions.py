@@ -29,7 +29,7 @@ from ..tags import READS_METADATA_KEY
 from .asset_spec import declared_in, function_of, reads_metadata
 from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
-from .table_partitions import partitions_assets
+from .table_partitions import observes_rows, rows_asset_key, table_rows_assets
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -53,7 +53,9 @@ def upstream_functions(function: Function, functions: Sequence[Function]) -> lis
 
 
 def chain_functions(assets: Sequence[Any]) -> list[Any]:
-    """The assets, each Function asset depending also on the Function assets whose columns it reads.
+    """The assets, each Function asset depending also on the Function assets whose columns it reads,
+    and an unpartitioned Function with an automation condition on its table's observed rows
+    (`table_partitions.rows_asset_key`).
 
     The Functions it reads are recorded on it too (`assets.reads`): its refresh refuses to start
     while one of their columns is not current, however it is materialized.
@@ -64,13 +66,14 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         upstream = upstream_functions(function, list(functions.values())) if function else []
         keys = [key for key, other in functions.items() if any(other is u for u in upstream)]
-        if keys and function.workers > 1:  # a graph asset: its dependencies are fixed when it is made
+        observed = [rows_asset_key(function)] if function is not None and observes_rows(function) else []
+        if (keys or observed) and function.workers > 1:  # a graph asset: its dependencies are fixed when it is made
             asset = function_asset(function, declared_in=declared_in(asset),
-                                   upstream={k: functions[k] for k in keys})
-        elif keys:
-            asset = asset.map_asset_specs(lambda spec, up=keys, read=tuple(upstream): spec.replace_attributes(
+                                   upstream={k: functions[k] for k in keys}, observed=observed)
+        elif keys or observed:
+            asset = asset.map_asset_specs(lambda spec, up=[*keys, *observed], read=tuple(upstream): spec.replace_attributes(
                 deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})],
-                metadata={**spec.metadata, READS_METADATA_KEY: reads_metadata(read)}))
+                metadata={**spec.metadata, **({READS_METADATA_KEY: reads_metadata(read)} if read else {})}))
         out.append(asset)
     return out
 
@@ -99,7 +102,7 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
             continue
         where = f"{declared_in(asset)}: " if declared_in(asset) else ""
         if function.table not in existing:
-            if dg.AssetKey(function.source_asset) not in keys:
+            if function.source_key not in keys:
                 problems.append(f"{where}Function {function.name!r}: field 'table': table {function.table!r} does not "
                                 f"exist in {db_uri} and no asset here produces it; tables: "
                                 f"{', '.join(sorted(existing)) or '(none)'}")
@@ -155,7 +158,8 @@ def build_definitions(
 
     Each Function reading another's column is chained after it (`chain_functions`), every table is
     checked against its Functions (`check_tables`), and partitioned Functions get their table's
-    rows per partition as an external asset (`table_partitions`), unless `assets` defines it. With
+    rows per partition, Functions with an automation condition their table's rows, as observed
+    assets (`table_partitions`), unless `assets` defines them. With
     the `gpu_capacity` sensor among `sensors`, each GPU class gets an external asset,
     `gpu_capacity/<class>`, whose observations are the sensor ticks' gauges.
 
@@ -167,15 +171,16 @@ def build_definitions(
         resources: more resources; `lancedb` is added.
         executor: the executor of the definitions' jobs (default `gpu_classes_executor`: each step
             in a process of the run worker, as Dagster's default does, except that on Kubernetes a
-            run mixing GPU classes runs each step in its own pod on its class). Pass
-            `dagster_k8s.k8s_job_executor` for step pods always, or `dagster.multiprocess_executor`
-            for never (a run mixing classes is then refused on Kubernetes).
+            run mixing GPU classes or fanning a refresh out runs each step in its own pod, placed on
+            its class at launch). Pass `dagster.multiprocess_executor` for never (a run mixing
+            classes is then refused on Kubernetes). Not `dagster_k8s.k8s_job_executor`: its step pods
+            would carry no class, so the GPU launcher refuses a GPU run on it.
     """
     database = LanceDBResource(uri=db_uri or default_db_uri(), storage_options=dict(storage_options or {}))
     check_tables(assets, database)
     defined = {key for asset in assets for key in (asset.keys if isinstance(asset, dg.AssetsDefinition)
                                                    else [getattr(asset, "key", None)])}
-    rows = [spec for spec in partitions_assets(_functions(assets).values()) if spec.key not in defined]
+    rows = table_rows_assets(_functions(assets).values(), defined)
     capacity = [spec for spec in _capacity_assets(sensors) if spec.key not in defined]
     return dg.Definitions(
         assets=[*(with_table_uri(asset, database.uri) for asset in chain_functions(assets)), *rows, *capacity],

@@ -8,8 +8,9 @@ The asset is a graph of three ops, one per verb of the engine (`refresh.engine.C
 
 so the UI shows every shard as a step, with its rows, its progress in its log and its placement.
 The shard op carries the class's tags, pool and pod placement like a one-worker Function's op:
-with `k8s_job_executor` (or gpufn's executor, which gives a fanned-out run step pods) each shard
-is a pod on the class's node pool, embedded each holds a local slot of the class. A shard that
+with gpufn's executor (`build_definitions`' default, which gives a fanned-out run step pods placed
+at launch; dagster-k8s's own `k8s_job_executor` is refused for GPU runs) each shard is a pod on the
+class's node pool, embedded each holds a local slot of the class. A shard that
 dies is retried (`RetryPolicy`, up to `SHARD_RETRIES`) and resumes from its checkpoints; one that
 keeps failing fails the run, and nothing is committed.
 
@@ -18,11 +19,13 @@ keeps failing fails the run, and nothing is committed.
 """
 
 
+import dataclasses
 import time
 import warnings
 from typing import Any
 
 import dagster as dg
+import numpy as np
 
 from ..classes import ClassNow, GpuClass
 from ..refresh.engine import ColumnRefresh, RefreshOptions
@@ -35,9 +38,10 @@ from ..run.slots import StepClass, step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
 from .asset_spec import reads
-from .reporting import WorkerFigures, device_used, record_errors, refresh_metadata
+from .reporting import (INTERRUPTS, WorkerFigures, device_used, partition_figures, record_errors, refresh_metadata,
+                        report_terminated)
 from .resources import LanceDBResource
-from .run_slice import run_slice
+from .run_slice import run_slice, spans_partitions
 from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
 
 SHARD_RETRIES = 3
@@ -60,7 +64,7 @@ def _column(context: dg.OpExecutionContext, lancedb: LanceDBResource, function: 
 
 def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDefinition:
     @dg.op(
-        name=f"{function.name}_plan",
+        name=f"{function.op_name}_plan",
         ins={"source": dg.In(dg.Nothing), **{f"upstream_{i}": dg.In(dg.Nothing) for i in range(upstream)}},
         out={"shards": dg.DynamicOut(Shard, io_manager_key=STEP_OUTPUTS_KEY),
              "plan": dg.Out(RefreshPlan, io_manager_key=STEP_OUTPUTS_KEY)},
@@ -92,7 +96,7 @@ def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDef
 def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
               pool: str | None) -> dg.OpDefinition:
     @dg.op(
-        name=f"{function.name}_shard",
+        name=f"{function.op_name}_shard",
         ins={"shard": dg.In(Shard), "plan": dg.In(RefreshPlan)},
         out=dg.Out(ShardResult, io_manager_key=STEP_OUTPUTS_KEY),
         tags={**tags, SHARD_TAG: function.name},  # the GPU request: each shard's pod is placed at launch
@@ -113,8 +117,13 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
 
         with step_slot(context, class_now(), function.gpu_count) as step:
             instances = warm_instances(step.gpu_class, step.held, context.log.info, steps_in_this_process())
-            result = _column(context, lancedb, function, report=report, instances=instances).compute_shard(
-                shard, plan.read_version)
+            column = _column(context, lancedb, function, report=report, instances=instances,
+                             keep_rows=spans_partitions(context))
+            try:
+                result = dataclasses.replace(column.compute_shard(shard, plan.read_version), run_id=context.run.run_id)
+            except INTERRUPTS:
+                report_terminated(context, function, column.rows_checkpointed())
+                raise
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
                                      "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
         return result
@@ -124,7 +133,7 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
 
 def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
     @dg.op(
-        name=f"{function.name}_commit",
+        name=f"{function.op_name}_commit",
         ins={"plan": dg.In(RefreshPlan), "results": dg.In(list[ShardResult])},
         out=dg.Out(dg.Nothing),
         tags={GPU_COUNT_TAG: "0"},
@@ -139,50 +148,73 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
             context.log.warning(f"{function.name}: {result.fragments_left} fragment(s) changed since the plan (or were "
                                 "appended) and are left for the next refresh")
         billed = StepClass(class_now()).billed(context.instance, context.run.run_id)
-        context.add_output_metadata(fanout_metadata(function, billed, result, plan, results))
+        record = context.instance.get_run_record_by_id(context.run.run_id)
+        started = record.start_time if record is not None and record.start_time else plan.started_at
+        figures = fanout_figures(function, plan, results, context.run.run_id, started)
+        metadata = fanout_metadata(function, billed, result, plan, results, figures)
+        context.add_output_metadata(metadata)
+        if spans_partitions(context):  # each partition of a single-run backfill: its own rows and filter
+            computed = np.concatenate([s.computed_rows for s in results if s.computed_rows is not None]
+                                      or [np.array([], dtype=np.uint64)])
+            dataset = lancedb.table_files(function.table).dataset(plan.read_version)
+            for key, figures in partition_figures(function, dataset, context.partition_keys, metadata, computed,
+                                                  result.errors).items():
+                # an op's context has no add_asset_metadata; its step's does, for the graph asset it is part of
+                context.get_step_execution_context().add_asset_metadata(figures, asset_key=function.asset_key,
+                                                                       partition_key=key)
         StepOutputsIOManager(lancedb).forget_run(context.run.run_id)
 
     return commit
 
 
-def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResult]) -> WorkerFigures:
-    """The shards' work as one refresh: wall time and rows/s from the plan's start to now (the
-    commit's end: what the user waited), busy fraction and load summed over the shards, first
-    values from the plan's start, GPU-seconds as each shard's wall time x its GPUs on the shards
-    that saw a GPU."""
-    wall = max(time.time() - plan.started_at, 0.0)
-    rows = sum(s.rows_computed for s in shards)
-    compute = sum(s.compute_seconds for s in shards)
-    first = min((s for s in shards if s.first_values_at is not None), key=lambda s: s.first_values_at, default=None)
-    on_gpu = [s for s in shards if s.devices]
+def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResult], run_id: str,
+                   run_started: float) -> WorkerFigures:
+    """The shards' work in this run as one refresh: wall time and rows/s from the plan's start (or
+    this run's, when it re-executes an earlier run whose plan it reuses) to now (the commit's end:
+    what the user waited), busy fraction and load summed over the shards this run computed, first
+    values from the plan's start, GPU-seconds as each of those shards' wall time x its GPUs on the
+    shards that saw a GPU. A shard an earlier run computed (a re-execution reuses its output) and
+    rows a shard restored from a killed attempt's checkpoints are adopted, not computed by this run."""
+    started = max(plan.started_at, run_started)
+    ours = [s for s in shards if s.run_id in (None, run_id)]
+    theirs = [s for s in shards if s.run_id not in (None, run_id)]
+    wall = max(time.time() - started, 0.0)
+    rows = sum(s.rows_computed for s in ours)
+    compute = sum(s.compute_seconds for s in ours)
+    first = min((s for s in ours if s.first_values_at is not None), key=lambda s: s.first_values_at, default=None)
+    on_gpu = [s for s in ours if s.devices]
     return WorkerFigures(
         wall_seconds=wall, rows_computed=rows, rows_per_second=rows / wall if wall > 0 else 0.0,
-        busy_fraction=sum(s.busy_seconds for s in shards) / compute if compute > 0 else None,
-        load_seconds=sum(s.load_seconds for s in shards),
-        first_values_seconds=first.first_values_at - plan.started_at if first is not None else None,
+        busy_fraction=sum(s.busy_seconds for s in ours) / compute if compute > 0 else None,
+        load_seconds=sum(s.load_seconds for s in ours),
+        first_values_seconds=first.first_values_at - started if first is not None else None,
         first_call_seconds=first.first_call_seconds if first is not None else None,
-        devices=tuple(d for s in shards for d in s.devices),
-        gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if shards else None)
+        devices=tuple(d for s in ours for d in s.devices),
+        gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if ours else None,
+        rows_adopted=sum(s.rows_adopted for s in ours) + sum(s.rows_computed + s.rows_adopted for s in theirs))
 
 
 def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,
-                    shards: list[ShardResult]) -> dict[str, Any]:
+                    shards: list[ShardResult], figures: WorkerFigures) -> dict[str, Any]:
     """The refresh as a whole (`fanout_figures`), the plan, and each shard's own rows/s, busy
     fraction, wall time and device."""
-    metadata = refresh_metadata(function, gpu_class, result, fanout_figures(function, plan, shards))
+    metadata = refresh_metadata(function, gpu_class, result, figures)
     metadata.update(plan.summary())
     metadata["fragments_left_for_next_refresh"] = result.fragments_left
-    metadata["shards"] = dg.MarkdownMetadataValue("\n".join(
-        ["| shard | rows planned | rows computed | failed | rows/s | busy | wall s | device |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        + [f"| {s.index} | {s.rows_planned:,} | {s.rows_computed:,} | {s.rows_failed:,} | {s.rows_per_second:,.0f} | "
-           f"{s.busy_seconds / s.compute_seconds if s.compute_seconds else 0:.2f} | {s.wall_seconds:.1f} | "
-           f"{device_used(s.devices)} |" for s in sorted(shards, key=lambda s: s.index)]))
+    columns = [("shard", "int"), ("rows_planned", "int"), ("rows_computed", "int"), ("rows_adopted", "int"),
+               ("rows_failed", "int"), ("rows_per_second", "float"), ("busy_fraction", "float"),
+               ("wall_seconds", "float"), ("device", "string")]
+    metadata["shards"] = dg.TableMetadataValue([dg.TableRecord({
+        "shard": s.index, "rows_planned": s.rows_planned, "rows_computed": s.rows_computed,
+        "rows_adopted": s.rows_adopted, "rows_failed": s.rows_failed, "rows_per_second": round(s.rows_per_second, 1),
+        "busy_fraction": round(s.busy_seconds / s.compute_seconds if s.compute_seconds else 0.0, 3),
+        "wall_seconds": round(s.wall_seconds, 2), "device": device_used(s.devices)})
+        for s in sorted(shards, key=lambda s: s.index)], dg.TableSchema([dg.TableColumn(n, t) for n, t in columns]))
     return metadata
 
 
-def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str], asset_tags: dict[str, str],
-                 pool: str | None, metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
+def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str], attributes: dict[str, Any],
+                 pool: str | None, upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
     """The Function's asset as plan -> shards -> commit (see the module docstring); `upstream` are
     the assets it runs after besides its table: the Function assets whose columns it reads, and a
     partitioned Function's table rows per partition (a graph asset's dependencies are fixed when it is made).
@@ -194,26 +226,25 @@ def fanout_asset(function: Function, class_now: ClassNow, *, tags: dict[str, str
         # `resource_defs` of a graph asset is marked beta; the asset brings its own IO manager so
         # that no user has to configure one for it, and the warning would repeat on every load.
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _graph_asset(function, plan_op, shard_op, commit_op, asset_tags, metadata, upstream)
+        warnings.simplefilter("ignore", DeprecationWarning)  # legacy_freshness_policy, when declared
+        return _graph_asset(function, plan_op, shard_op, commit_op, attributes, upstream)
 
 
 def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDefinition, commit_op: dg.OpDefinition,
-                 tags: dict[str, str], metadata: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
-    ins = {"source": dg.AssetIn(key=dg.AssetKey(function.source_asset), dagster_type=dg.Nothing),
+                 attributes: dict[str, Any], upstream: list[dg.AssetKey]) -> dg.AssetsDefinition:
+    ins = {"source": dg.AssetIn(key=function.source_key, dagster_type=dg.Nothing),
            **{f"upstream_{i}": dg.AssetIn(key=key, dagster_type=dg.Nothing) for i, key in enumerate(upstream)}}
 
     @dg.graph_asset(
-        name=function.name,
+        key=function.asset_key,
         ins=ins,
-        tags=tags,
-        kinds={"lance", "gpu" if function.gpu else "cpu"},
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,
-        metadata=metadata,
         resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
         partitions_def=function.partitions_def,
         backfill_policy=function.backfill_policy,
+        **attributes,  # tags, metadata, kinds, owners, automation condition: gpufn's and the declaration's
     )
     def _refresh(**after):
         planned = plan_op(**after)

@@ -27,17 +27,18 @@ from ..refresh.results import RefreshResult
 from ..refresh.warm import warm_instances
 from ..run.executor import steps_in_this_process
 from ..run.slots import StepClass, step_slot
+from ..function_spec.code_version import getsourcelines
 from ..function_spec.error_policy import ErrorPolicy
 from ..function_spec.functions import Function, make_function
 from ..function_spec.options import document_options
 from ..tags import (CLASS_CHOICE_SEPARATOR, DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
                     gpu_pool, gpu_tags)
-from .asset_spec import function_metadata, reads, reads_metadata
+from .asset_spec import function_metadata, reads, reads_metadata, with_freshness
 from .fanout_asset import fanout_asset
 from .changed_partitions import unfilled_filter
-from .reporting import projection, record_errors, refresh_metadata
+from .reporting import INTERRUPTS, partition_figures, projection, record_errors, refresh_metadata, report_terminated
 from .resources import LanceDBResource
-from .run_slice import run_slice
+from .run_slice import run_slice, spans_partitions
 from .table_partitions import partitions_asset_key
 
 logger = logging.getLogger(__name__)
@@ -81,13 +82,16 @@ def _code_references(function: Function) -> dict[str, Any]:
     """`dagster/code_references`: the Function's source file and line, as the asset page links them."""
     try:
         file = inspect.getsourcefile(function.target)
-        _, line = inspect.getsourcelines(function.target)
+        _, line = getsourcelines(function.target)
     except (OSError, TypeError):  # a builtin, or code without a file
         return {}
     if file is None:
         return {}
-    return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[
-        dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line, label=function.target.__qualname__)])}
+    with warnings.catch_warnings():  # code references are marked beta; the warning would repeat on every load
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[
+            dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line,
+                                      label=function.target.__qualname__)])}
 
 
 def _column_schema(function: Function) -> dg.TableSchema:
@@ -209,16 +213,26 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     if where is not None:
         label = f"partition {', '.join(context.partition_keys)}" if function.partitioning else "pilot"
         context.log.info(f"{label}: the rows where {where}")
-    result = ColumnRefresh(files, function, RefreshOptions(
+    ranged = spans_partitions(context)
+    column = ColumnRefresh(files, function, RefreshOptions(
         report=report, upstream=reads(context.assets_def), holder=f"run {context.run.run_id}", where=where,
-        on_wait=context.log.info, instances=warm_instances(step.gpu_class, step.held, context.log.info,
-                                                         steps_in_this_process()))).refresh()
+        on_wait=context.log.info, keep_rows=ranged,
+        instances=warm_instances(step.gpu_class, step.held, context.log.info, steps_in_this_process())))
+    try:
+        result = column.refresh()
+    except INTERRUPTS:
+        report_terminated(context, function, column.rows_checkpointed())
+        raise
     record_errors(lancedb, function, result, context.run.run_id)
     gpu_class = step.billed(context.instance, context.run.run_id)
     metadata = refresh_metadata(function, gpu_class, result)
     if where is not None:
         metadata["partition_filter" if function.partitioning else "pilot_filter"] = where
         metadata.update(_projected(context, function, gpu_class, result, files))
+    if ranged:  # each partition of a single-run backfill: its own rows and filter
+        for key, figures in partition_figures(function, files.dataset(result.version_before), context.partition_keys,
+                                              metadata, result.computed_rows, result.errors).items():
+            context.add_asset_metadata(figures, partition_key=key)
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -254,7 +268,8 @@ def _class_at_load(function: Function, classes_dir: ClassesDir) -> tuple[GpuClas
 
 
 def function_asset(function: Function, *, classes_dir: ClassesDir = None, declared_in: str | None = None,
-                   upstream: Mapping[dg.AssetKey, Function] | None = None) -> dg.AssetsDefinition:
+                   upstream: Mapping[dg.AssetKey, Function] | None = None,
+                   observed: Sequence[dg.AssetKey] = ()) -> dg.AssetsDefinition:
     """A Dagster asset whose materialization refreshes the Function's column.
 
     Args:
@@ -264,6 +279,8 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
         declared_in: the file that declared it (YAML), named in load errors.
         upstream: the Function assets whose columns it reads (`build_definitions` finds them):
             it depends on them and its refresh refuses to start while one is not current.
+        observed: the observed rows of its table it also depends on (`table_partitions.rows_asset_key`;
+            `build_definitions` adds it for a Function with an automation condition).
     """
     directory = classes_dir or function.classes_dir
     at_load = _class_at_load(function, directory)
@@ -289,34 +306,34 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
     pool = gpu_pool(function.gpu_class) if function.gpu else None
     # after the Functions it reads, and a partitioned one after its table's rows per partition
     # (`table_partitions`), so a partition whose rows changed shows unsynced
-    after = [*(upstream or ()), *([partitions_asset_key(function)] if function.partitioning else [])]
+    after = [*(upstream or ()), *([partitions_asset_key(function)] if function.partitioning else []), *observed]
+    attributes = function.attributes.merged(f"Function {function.name!r}", asset_tags, metadata,
+                                            {"lance", "gpu" if function.gpu else "cpu"})
     if function.workers > 1:
-        return fanout_asset(function, class_now, tags=tags, asset_tags=asset_tags, pool=pool, metadata=metadata,
-                            upstream=after)
+        return with_freshness(fanout_asset(function, class_now, tags=tags, attributes=attributes, pool=pool,
+                                           upstream=after), function.attributes)
 
     with warnings.catch_warnings():  # `backfill_policy` is marked beta; the warning would repeat on every load
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _one_worker_asset(function, class_now, tags, asset_tags, pool, metadata, after)
+        warnings.simplefilter("ignore", DeprecationWarning)  # legacy_freshness_policy, when declared
+        return with_freshness(_one_worker_asset(function, class_now, tags, pool, attributes, after), function.attributes)
 
 
-def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, str], asset_tags: dict[str, str],
-                      pool: str | None, metadata: dict[str, Any],
-                      after: Sequence[dg.AssetKey]) -> dg.AssetsDefinition:
+def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, str], pool: str | None,
+                      attributes: dict[str, Any], after: Sequence[dg.AssetKey]) -> dg.AssetsDefinition:
     @dg.asset(
-        name=function.name,
-        deps=[dg.AssetKey(function.source_asset), *after],
-        tags=asset_tags,
+        key=function.asset_key,
+        deps=[function.source_key, *after],
         op_tags=tags,  # the GPU request: the launcher places the pod when a run launches
-        kinds={"lance", "gpu" if function.gpu else "cpu"},
         # Embedded mode: a GPU step claims a slot of its class's pool, limited to `local.slots`.
         pool=pool,
         code_version=function.version,
         description=function.description,
         group_name=function.group_name,
-        metadata=metadata,
         config_schema=run_config_schema(function),
         partitions_def=function.partitions_def,
         backfill_policy=function.backfill_policy,
+        **attributes,  # tags, metadata, kinds, owners, automation condition: gpufn's and the declaration's
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         return _materialize(context, lancedb, function, class_now)

@@ -30,5 +30,11 @@ def run_slice(context: dg.OpExecutionContext | dg.AssetExecutionContext, functio
               if isinstance(partitioning.partitions_def, dg.TimeWindowPartitionsDefinition) else None)
     try:
         return partitioning.where(keys, {f.name: f.type for f in schema}, window)
-    except FunctionDefinitionError as err:
-        raise FunctionDefinitionError(f"Function {function.name!r}: {err}") from None
+    except FunctionDefinitionError as err:  # its own subclass (a PartitionKeyError) kept
+        raise type(err)(f"Function {function.name!r}: {err}") from None
+
+
+def spans_partitions(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> bool:
+    """Whether the run refreshes several partitions at once (a single-run backfill): its
+    materialization then reports each partition's own rows (`partition_figures`)."""
+    return context.has_partition_key_range and len(context.partition_keys) > 1

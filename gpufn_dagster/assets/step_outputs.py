@@ -1,7 +1,7 @@
 """Where the steps of a refresh spread over several workers hand each other their values.
 
-The plan step's shards go to shard steps, and the shards' reports to the commit step. With
-`k8s_job_executor` each step is its own pod, so Dagster's default IO manager (the run worker's
+The plan step's shards go to shard steps, and the shards' reports to the commit step. On
+Kubernetes each step of a fanned-out run is its own pod (gpufn's executor's step pods), so Dagster's default IO manager (the run worker's
 local disk) cannot carry them; they are kept beside the LanceDB database instead, on the same
 storage every worker already reaches (`<db>/_gpufn_runs/<run id>/<step>/<output>.pickle`), and the
 commit step removes its run's folder. Each fanned-out asset brings it along (`resource_defs`).

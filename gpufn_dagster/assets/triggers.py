@@ -13,7 +13,7 @@ materializations), so a table created by Materialize all does not start a second
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import dagster as dg
 import lance
@@ -21,37 +21,14 @@ import lance
 from ..errors import FunctionDefinitionError
 from ..refresh.warm import unsendable
 from ..run.executor import gpu_classes_executor
-from ..tags import (COMMIT_PREFIX, SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
+from ..tags import (SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
 from ..function_spec.functions import Function
 from .asset_spec import function_of
-from .changed_partitions import changed_filter, changed_partitions, unfilled_filter
+from .changed_partitions import (appended_rows, changed_data, changed_filter, changed_partitions, operations_since,
+                                 unfilled_filter)
 from .resources import LanceDBResource
 from .table_partitions import partition_observations
-
-_NO_DATA_CHANGE = {"Rewrite", "CreateIndex", "UpdateConfig", "Project", "ReserveFragments", "UpdateMemWalState"}
-
-
-def changed_data(operations: Iterable[tuple[str, str]]) -> bool:
-    """Whether any (operation, commit message) since the cursor added or changed rows.
-
-    >>> changed_data([("DataReplacement", "gpufn refresh docs.embedding"), ("Rewrite", ""), ("Merge", "")])
-    False
-    >>> changed_data([("DataReplacement", "gpufn: carry Function values over a view rebuild")])
-    False
-    >>> changed_data([("Append", ""), ("CreateIndex", "")])
-    True
-    """
-    for operation, message in operations:
-        if operation in _NO_DATA_CHANGE:
-            continue
-        if operation == "Merge":
-            continue  # columns added (e.g. a Function's declaration): no row added or changed
-        if operation == "DataReplacement" and message.startswith(COMMIT_PREFIX):
-            continue  # gpufn wrote computed values (a refresh, or carrying them over a view rebuild)
-        return True
-    return False
-
 
 def default_status(running: bool, kind: type[dg.DefaultSensorStatus | dg.DefaultScheduleStatus] = dg.DefaultSensorStatus,
                    ) -> dg.DefaultSensorStatus | dg.DefaultScheduleStatus:
@@ -113,20 +90,6 @@ def covered_version(instance: dg.DagsterInstance, targets: Sequence[dg.AssetsDef
     return min(read) if read else None
 
 
-def operations_since(dataset: lance.LanceDataset, version: int) -> list[tuple[str, str]]:
-    """(operation, commit message) of every commit after `version`, oldest first."""
-    count = dataset.version - version
-    transactions = dataset.get_transactions(count) if count > 0 else []
-    out = []
-    for transaction in reversed(transactions):
-        if transaction is None:  # transaction file cleaned up: assume it changed data
-            out.append(("Unknown", ""))
-            continue
-        properties = transaction.transaction_properties or {}
-        out.append((type(transaction.operation).__name__, properties.get("__lance_commit_message", "")))
-    return out
-
-
 def _keys(targets: Sequence[dg.AssetsDefinition | str]) -> list[dg.AssetKey]:
     return [t.key if isinstance(t, dg.AssetsDefinition) else dg.AssetKey(t) for t in targets]
 
@@ -153,14 +116,6 @@ def _names(targets: Sequence[dg.AssetsDefinition | str]) -> list[str]:
 
 # Changes of at most this many rows refresh with the run's steps in its run worker (`in_process_rows`).
 IN_PROCESS_ROWS = 10_000
-
-
-def appended_rows(dataset: lance.LanceDataset, base: int, operations: Sequence[tuple[str, str]]) -> int | None:
-    """How many rows the commits after version `base` added, when every data change among them is
-    an append; None when one updated or deleted rows (how many it touched is not in the metadata)."""
-    if any(op not in ("Append", *_NO_DATA_CHANGE, "Merge", "DataReplacement") for op, _ in operations):
-        return None
-    return dataset.count_rows() - dataset.checkout_version(base).count_rows()
 
 
 def in_process_config(context: dg.SensorEvaluationContext, job_name: str, targets: Sequence[dg.AssetsDefinition | str],
@@ -346,7 +301,7 @@ def _table_changed(context: dg.SensorEvaluationContext, targets: Sequence[dg.Ass
     """The table's new rows, reported on the asset that produces it: someone outside Dagster (an append,
     an update) changed it, so its page shows the table's row count and version now, and the
     Functions computed from it show as stale until their refresh."""
-    sources = {dg.AssetKey(f.source_asset) for t in targets if isinstance(t, dg.AssetsDefinition)
+    sources = {f.source_key for t in targets if isinstance(t, dg.AssetsDefinition)
                and (f := function_of(t)) is not None and f.table == table}
     known = context.repository_def.assets_defs_by_key if context.repository_def is not None else {}
     rows = dataset.count_rows()

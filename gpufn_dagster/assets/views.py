@@ -10,11 +10,15 @@ refreshes the view first and its Functions after; a rebuild keeps their values (
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 
 from ..refresh.carry import carry_over
 from ..tags import SOURCE_VERSION_KEY
+from ..function_spec.asset_attributes import AssetAttributes
+from ..function_spec.options import AssetOptions
+from .asset_spec import with_freshness
 from .resources import LanceDBResource, TableNotFound
 
 
@@ -25,8 +29,7 @@ def materialized_view_asset(
     select: Sequence[str] | dict[str, str] | None = None,
     where: str | None = None,
     source_asset: str | None = None,
-    group_name: str | None = None,
-    description: str | None = None,
+    **attributes: Any,
 ) -> dg.AssetsDefinition:
     """An asset owning the view `name` over table `source` (which needs stable row ids).
 
@@ -39,21 +42,29 @@ def materialized_view_asset(
         select: the source columns to keep (or a mapping of output name to SQL expression); all by default.
         where: a SQL filter on source rows, e.g. "lang = 'en'".
         source_asset: the asset producing the source (default: `source`).
-        group_name, description: the asset's group and text.
+        attributes: what any Dagster asset takes (`function_spec.options.AssetOptions`): group_name,
+            description, key_prefix, owners, tags, metadata, kinds, automation_condition,
+            freshness_policy, legacy_freshness_policy. The dependency (on `source_asset`) is the view's own.
 
     Example:
         >>> docs_en = materialized_view_asset("docs_en", source="docs", select=["id", "text"], where="lang = 'en'")
         >>> docs_en.key.to_user_string(), [d.asset_key.to_user_string() for d in docs_en.specs_by_key[docs_en.key].deps]
         ('docs_en', ['docs'])
+        >>> materialized_view_asset("docs_en", source="docs", owners=["team:search"]).owners_by_key[docs_en.key]
+        ['team:search']
     """
+    label = f"view {name!r}"
+    options = AssetOptions.of(attributes, label)
+    declared = AssetAttributes.of(options, label)
+    merged = declared.merged(label, {}, {"source_table": source, "where": where or "", "select": str(select or "*")},
+                             {"lance", "view"})
 
     @dg.asset(
-        name=name,
-        deps=[dg.AssetKey(source_asset or source)],
-        kinds={"lance", "view"},
-        group_name=group_name,
-        description=description or f"Materialized view of {source}" + (f" where {where}" if where else ""),
-        metadata={"source_table": source, "where": where or "", "select": str(select or "*")},
+        key=[*declared.key_prefix, name],
+        deps=[dg.AssetKey.from_user_string(source_asset or source)],
+        group_name=options.group_name,
+        description=options.description or f"Materialized view of {source}" + (f" where {where}" if where else ""),
+        **merged,
     )
     def _view(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
         db = lancedb.connect()
@@ -89,4 +100,4 @@ def materialized_view_asset(
             "dagster/row_count": db.open_table(name).count_rows(),
         })
 
-    return _view
+    return with_freshness(_view, declared)

@@ -28,8 +28,16 @@ pod on a CPU node and a shard pod on a GPU node, `python file.py` and `python -m
   that is not a package) and its qualified name, never by its module's import name (`__main__`
   when run as a script).
 
-Parsing runs under a lock: CPython 3.11's AST builder is not safe when several threads parse at
-once (`SystemError: AST constructor recursion depth mismatch` was seen at definition load).
+Every parse this package causes runs under one process-wide lock (`parse`, `getsource`,
+`getsourcelines`, `signature`, `format_exc`; the digest's walk holds it throughout): CPython
+3.11 keeps the AST builder's recursion depth in one counter per interpreter, so two threads
+turning source into `ast` objects at once -- one switched out mid-way by a finalizer, the other
+starting at another stack depth -- fail with `SystemError: AST constructor recursion depth
+mismatch` (seen at definition load). Parses hide inside the standard library too: `inspect.getsource` and
+`getsourcelines` parse the whole file of a class (`inspect.findsource`), `inspect.signature` a
+builtin's text signature, and formatting a traceback each frame's line (to underline its
+expression). So the package calls `ast.parse`, `inspect.getsource`/`getsourcelines`/`signature`
+and `traceback.format_*` only through these helpers.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import sys
 import sysconfig
 import textwrap
 import threading
+import traceback
 import types
 from pathlib import Path
 from typing import Any
@@ -97,7 +106,45 @@ def _literal(value: Any, depth: int = 0) -> str | None:
     return text if len(text) <= _MAX_LITERAL else "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-_PARSE = threading.RLock()
+_PARSE = threading.RLock()  # every parse of the process that this package causes (module docstring)
+
+
+def parse(source: str) -> ast.Module:
+    """`ast.parse` under the package's parse lock."""
+    with _PARSE:
+        return ast.parse(source)
+
+
+def getsource(target: Any) -> str:
+    """`inspect.getsource` under the parse lock (it parses the whole file of a class)."""
+    with _PARSE:
+        return inspect.getsource(target)
+
+
+def getsourcelines(target: Any) -> tuple[list[str], int]:
+    """`inspect.getsourcelines` under the parse lock (it parses the whole file of a class)."""
+    with _PARSE:
+        return inspect.getsourcelines(target)
+
+
+def signature(target: Any) -> inspect.Signature:
+    """`inspect.signature` under the parse lock (it parses a builtin's `__text_signature__`, e.g.
+    the `object.__init__` of a class Function without an `__init__` of its own)."""
+    with _PARSE:
+        return inspect.signature(target)
+
+
+def format_exc() -> str:
+    """`traceback.format_exc` under the parse lock (Python 3.11 parses each frame's line to
+    underline the failing expression)."""
+    with _PARSE:
+        return traceback.format_exc()
+
+
+def format_exception(err: BaseException) -> str:
+    """`traceback.format_exception` of `err`, joined, under the parse lock (as `format_exc`)."""
+    with _PARSE:
+        return "".join(traceback.format_exception(err))
 
 
 def _project_file(path: str | None) -> tuple[str, str | None]:
@@ -143,7 +190,7 @@ def _bindings(path: str, stamp: tuple[int, int]) -> dict[str, tuple[Any, ...]]:
     text of the value, or the literal's value) or ("import", module, name). Statements under
     top-level `if`/`try`/`with` count; function and class bodies do not."""
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+        tree = parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return {}
     out: dict[str, list[tuple[str, str]]] = {}
@@ -211,11 +258,11 @@ def _source(target: Any) -> str | None:
     """The definition's code without its decorators (they declare the Function; they are not its
     code), normalized by `ast.unparse` so comments and formatting do not count."""
     try:
-        text = textwrap.dedent(inspect.getsource(target))
+        text = textwrap.dedent(getsource(target))
     except (OSError, TypeError):
         return None
     try:
-        tree = ast.parse(text)
+        tree = parse(text)
     except SyntaxError:
         return text
     node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))), None)
@@ -228,7 +275,7 @@ def _source(target: Any) -> str | None:
 def _referenced_names(source: str) -> dict[str, set[str]]:
     """Global names the source loads, each with the attribute names read from it (`mod.attr`)."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return {}
     bound = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)}

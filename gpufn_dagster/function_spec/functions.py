@@ -19,16 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import dagster as dg
 import pyarrow as pa
 
 from ..classes import DEFAULT_CLASS
 from ..errors import FunctionDefinitionError
 from ..tags import choice_request, class_choice
 from .arrow_types import parse_arrow_type
-from .code_version import code_digest
+from .asset_attributes import AssetAttributes
+from .code_version import code_digest, signature
 from .error_policy import ErrorPolicy
 from .options import FunctionOptions, document_options
 from .partitions import Partitioning, partitioning_of
+from .target import TargetRef, unwrap
 # Part of every Function version: bumped when what the engine stores per row changes (the
 # signature scheme), so each column is recomputed once after such an upgrade, never compared
 # across schemes.
@@ -79,12 +82,6 @@ def _class_request(label: str, gpu_class: str | list[str] | None) -> str:
     return choice_request(names)
 
 
-def _unwrap(target: Any) -> Any:
-    """The original callable behind a `lancedb.udf` definition (or the target itself)."""
-    original = getattr(target, "_function", None)
-    return original if getattr(target, "registration_request", None) is not None and original is not None else target
-
-
 @dataclass(frozen=True)
 class Function:
     """Everything the refresh engine and the launcher need to know about one Function column."""
@@ -119,6 +116,23 @@ class Function:
     row_timeout_seconds: float | None = None  # the most one row may take (None: no deadline)
     max_failed_rows: int | None = None  # the failure budget of one refresh, in rows
     max_failed_fraction: float | None = None  # ... and as a fraction of the rows it checks
+    attributes: AssetAttributes = AssetAttributes()  # the rest of its asset's attributes, as declared
+
+    @property
+    def asset_key(self) -> dg.AssetKey:
+        """Its asset's key: `[*key_prefix, name]`."""
+        return dg.AssetKey([*self.attributes.key_prefix, self.name])
+
+    @property
+    def source_key(self) -> dg.AssetKey:
+        """The key of the asset producing its table (`source_asset`, a key as the UI writes it: 'lake/docs')."""
+        return dg.AssetKey.from_user_string(self.source_asset)
+
+    @property
+    def op_name(self) -> str:
+        """The name of its asset's op (the step key of a one-worker Function), unique per asset key
+        as Dagster derives it ('docs__embedding'; 'lake__docs__embedding' under key_prefix 'lake')."""
+        return self.asset_key.to_python_identifier()
 
     @property
     def partitions_def(self) -> Any:
@@ -145,6 +159,23 @@ class Function:
         """Construct the callable a worker uses (a class is instantiated once, with its init values)."""
         return self.target(**self.init) if self.is_class else self.target
 
+    # A Function is sent to another process (its local slot's warm instance) with its callable by
+    # reference to where it is defined (`target.TargetRef`): the name a decorator rebound to the
+    # asset resolves back to the callable there. Copies within a process share the spec (it is frozen).
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "target": TargetRef.of(self.target)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        target = state["target"]
+        for name, value in {**state, "target": target.resolve() if isinstance(target, TargetRef) else target}.items():
+            object.__setattr__(self, name, value)
+
+    def __copy__(self) -> Function:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Function:
+        return self
+
 
 def _arrow_class(annotation: Any) -> Any:
     """pa.Array / pa.RecordBatch even when the annotation is an unresolved string ('pa.Array')."""
@@ -155,7 +186,7 @@ def _arrow_class(annotation: Any) -> Any:
 
 def _call_signature(target: Any, is_class: bool) -> inspect.Signature:
     fn = target.__call__ if is_class else target
-    sig = inspect.signature(fn)
+    sig = signature(fn)
     if is_class:
         params = list(sig.parameters.values())[1:]  # drop self
         sig = sig.replace(parameters=params)
@@ -170,7 +201,7 @@ def _hints(target: Any, is_class: bool) -> dict[str, Any]:
 
 
 def _init_signature(cls: type) -> inspect.Signature:
-    sig = inspect.signature(cls.__init__)
+    sig = signature(cls.__init__)
     return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
@@ -333,7 +364,7 @@ def make_function(target: Any, **options: Any) -> Function:
         >>> spec.name, spec.inputs, spec.output_type, spec.call_style.value, spec.gpu
         ('docs__n_words', ('text',), DataType(int64), 'row', False)
     """
-    original = _unwrap(target)
+    original = unwrap(target)
     label = f"Function {options.get('name') or getattr(original, '__name__', '?')!r}"
     opts = FunctionOptions.of(options, label)
     is_class = inspect.isclass(original)
@@ -405,4 +436,5 @@ def make_function(target: Any, **options: Any) -> Function:
         row_timeout_seconds=opts.row_timeout_seconds,
         max_failed_rows=opts.max_failed_rows,
         max_failed_fraction=opts.max_failed_fraction,
+        attributes=AssetAttributes.of(opts, label),
     )

@@ -12,12 +12,13 @@ import dataclasses
 import inspect
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import dagster as dg
 from dagster.components.resolved import core_models as asset_models
 
 from ..errors import ComponentError, FunctionDefinitionError
+from .code_version import signature
 from .arrow_types import parse_arrow_type
 
 # Dagster's own YAML forms of partitions and backfill policies (`type: daily`, `type: static`,
@@ -62,8 +63,72 @@ def described(description: str) -> dg.Resolver:
     return dg.Resolver.default(description=description)
 
 
+# The asset attributes a Function owns, and why a declaration cannot set them.
+OWNED_ATTRIBUTES = {
+    "deps": "a Function's upstream assets are its source table's asset (source_asset=) and the Functions whose "
+            "columns it reads (build_definitions finds them); give source_asset, or read the other column",
+    "code_version": "a Function's code version is its Function version (a digest of its code, inputs and output "
+                    "type); pin it with version=",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
-class FunctionOptions(dg.Resolvable):
+class AssetOptions(dg.Resolvable):
+    """What any Dagster asset takes that gpufn passes through untouched (`asset_attributes`): the
+    attributes of a Function's asset and of a materialized view's, declared once for both."""
+
+    group_name: Annotated[str | None, described("The asset group.")] = None
+    description: Annotated[str | None, described(
+        "The asset's description (default: the callable's docstring, or what a view selects).")] = None
+    key_prefix: Annotated[str | list[str] | None, described(
+        "A prefix of the asset's key ([*key_prefix, name]), as dagster-dbt's translator gives one: two code "
+        "locations can then hold Functions of the same table and column under keys of their own.")] = None
+    owners: Annotated[list[str] | None, described(
+        "The asset's owners (an email, or 'team:name'), as any Dagster asset takes them.")] = None
+    tags: Annotated[dict[str, str] | None, described(
+        "The asset's tags, beside gpufn's own (gpufn/gpu-class, gpufn/gpu-count), which they cannot replace.")] = None
+    metadata: Annotated[dict[str, Any] | None, described(
+        "The asset's metadata, beside what gpufn shows about the Function (whose keys it cannot replace).")] = None
+    kinds: Annotated[list[str] | None, described("Kinds shown on the asset, added to gpufn's (lance, gpu or cpu).")
+                     ] = None
+    automation_condition: Annotated[Any, dg.Resolver.default(model_field_type=str | None, description=(
+        "Dagster's declarative automation (AutomationCondition.eager(), on_cron(...), any_deps_updated()): "
+        "Dagster's automation sensor requests the refresh when it holds; new rows in the source table count as "
+        "an update of it (gpufn observes the table, its data version the last table version that changed rows). "
+        "In YAML a template: \"{{ automation_condition.eager() }}\"."))] = None
+    freshness_policy: Annotated[Any, dg.Resolver.default(model_field_type=str | None, description=(
+        "Dagster's freshness policy of the asset (FreshnessPolicy.time_window(fail_window=...)): its page says "
+        "whether the column is fresh."))] = None
+    legacy_freshness_policy: Annotated[Any, dg.Resolver.default(model_field_type=str | None, description=(
+        "Dagster's legacy freshness policy (LegacyFreshnessPolicy(maximum_lag_minutes=...)).")
+                                                           )] = None
+
+    @classmethod
+    def of(cls, options: dict[str, Any], label: str = "Function") -> Self:
+        """The options from keyword arguments, refusing unknown ones by name.
+
+        >>> FunctionOptions.of({"table": "docs", "column": "n", "gpu_clas": "l4"}, "Function 'n'")
+        Traceback (most recent call last):
+        ...
+        gpufn_dagster.errors.FunctionDefinitionError: Function 'n': unknown option 'gpu_clas'; options: table, ...
+        """
+        owned = sorted(set(options) & set(OWNED_ATTRIBUTES))
+        if owned:
+            raise FunctionDefinitionError(f"{label}: option {owned[0]!r}: {OWNED_ATTRIBUTES[owned[0]]}")
+        names = [f.name for f in ordered_fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise FunctionDefinitionError(f"{label}: unknown option {', '.join(map(repr, unknown))}; options: "
+                                          f"{', '.join(names)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in options]
+        if missing:
+            raise FunctionDefinitionError(f"{label}: missing option {', '.join(map(repr, missing))}")
+        return cls(**options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionOptions(AssetOptions):
     """Everything a Function declaration says besides its callable."""
 
     table: Annotated[str, described("The LanceDB table whose column(s) the Function computes.")]
@@ -109,9 +174,6 @@ class FunctionOptions(dg.Resolvable):
     name: Annotated[str | None, described("The asset's name (default '<table>__<column>').")] = None
     source_asset: Annotated[str | None, described("The upstream asset that produces the table (default: table).")
                             ] = None
-    group_name: Annotated[str | None, described("The asset group.")] = None
-    description: Annotated[str | None, described("The asset's description (default: the callable's docstring).")
-                           ] = None
     version: Annotated[str | None, described(
         "Pin the Function version (e.g. a release name); by default a digest of its code and of the project "
         "code and constants it references, so editing them recomputes.")] = None
@@ -147,32 +209,19 @@ class FunctionOptions(dg.Resolvable):
         "The directory of GPU class files gpu_class is checked against (default $GPUFN_CLASSES_DIR or ./classes).")
                            ] = None
 
-    @classmethod
-    def of(cls, options: dict[str, Any], label: str = "Function") -> "FunctionOptions":
-        """The options from keyword arguments, refusing unknown ones by name.
-
-        >>> FunctionOptions.of({"table": "docs", "column": "n", "gpu_clas": "l4"}, "Function 'n'")
-        Traceback (most recent call last):
-        ...
-        gpufn_dagster.errors.FunctionDefinitionError: Function 'n': unknown option 'gpu_clas'; options: table, ...
-        """
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(names))
-        if unknown:
-            raise FunctionDefinitionError(f"{label}: unknown option {', '.join(map(repr, unknown))}; options: "
-                                          f"{', '.join(names)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in options]
-        if missing:
-            raise FunctionDefinitionError(f"{label}: missing option {', '.join(map(repr, missing))}")
-        return cls(**options)
+def ordered_fields(cls: type) -> list[dataclasses.Field]:
+    """A declaration's fields, its own first (a Function's table, column, ...), then the asset
+    attributes it shares with every asset (`AssetOptions`)."""
+    own = vars(cls).get("__annotations__", {})
+    fields = dataclasses.fields(cls)
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 def option_fields() -> list[tuple[str, Any, str]]:
-    """(name, default, description) of every option, in declaration order."""
+    """(name, default, description) of every option, in declaration order (`ordered_fields`)."""
     hints = typing.get_type_hints(FunctionOptions, include_extras=True)
     out = []
-    for f in dataclasses.fields(FunctionOptions):
+    for f in ordered_fields(FunctionOptions):
         resolver = next(m for m in hints[f.name].__metadata__ if isinstance(m, dg.Resolver))
         out.append((f.name, f.default, resolver.description))
     return out
@@ -184,9 +233,9 @@ def document_options(fn: Any) -> Any:
     params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
                                 default=inspect.Parameter.empty if default is dataclasses.MISSING else default)
               for name, default, _ in fields]
-    signature = inspect.signature(fn)
-    kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    fn.__signature__ = signature.replace(parameters=[*kept, *params])
+    declared = signature(fn)
+    kept = [p for p in declared.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fn.__signature__ = declared.replace(parameters=[*kept, *params])
     lines = "\n".join(f"        {name}: {description}" for name, _, description in fields)
     fn.__doc__ = (fn.__doc__ or "").replace("{options}", lines.strip())
     return fn

@@ -17,6 +17,7 @@ a contiguous time range. Pure: the table's schema is given to `problems`, never 
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,11 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from ..errors import FunctionDefinitionError
+from ..errors import FunctionDefinitionError, PartitionKeyError
+
+# An integer key as `str(int(key))` writes it: `int()` also reads "+10", "010", " 10" and "1_0",
+# and each of them would select the rows of key "10" -- two partitions sharing one slice.
+_INTEGER_KEY = re.compile(r"0|-?[1-9][0-9]*")
 
 
 def literal(value: str) -> str:
@@ -125,9 +130,10 @@ class Partitioning:
                 continue
             if isinstance(dimension, dg.StaticPartitionsDefinition):
                 for key in dimension.get_partition_keys():
-                    if _key_problem(key, types[name]):
-                        out.append(f"{label}: field 'partition_column': partition key {key!r} cannot be written as a "
-                                   f"filter on column {name!r} ({types[name]}): {_key_problem(key, types[name])}")
+                    try:
+                        _value(key, name, types[name])
+                    except PartitionKeyError as err:
+                        out.append(f"{label}: {err}")
         return out
 
     # --- filters -----------------------------------------------------------------------------
@@ -136,7 +142,9 @@ class Partitioning:
               window: dg.TimeWindow | None = None) -> str:
         """The Lance filter selecting the rows of these partitions (one run's keys, in order).
 
-        `window`: the run's time window, for a contiguous range of time partitions.
+        `window`: the run's time window, for a contiguous range of time partitions. Raises
+        PartitionKeyError for a key its column cannot be filtered by (a dynamic partition's key is
+        first seen here, when a run of it starts).
         """
         if not keys:
             raise ValueError("a partitioned refresh needs at least one partition key")
@@ -155,7 +163,7 @@ class Partitioning:
                                              self.partitions_def.time_window_for_partition_key(keys[-1]).end)
             return self._window(self.column, window, types[self.column])
         data_type = types.get(self.column, pa.string())
-        values = [_value(key, data_type) for key in keys]
+        values = [_value(key, self.column, data_type) for key in keys]
         if len(values) == 1:
             return f"`{self.column}` = {values[0]}"
         return f"`{self.column}` IN ({', '.join(values)})"
@@ -173,7 +181,7 @@ class Partitioning:
         data_type = types.get(column, pa.string())
         if isinstance(dim.partitions_def, dg.TimeWindowPartitionsDefinition) and not pa.types.is_string(data_type):
             return self._window(column, dim.partitions_def.time_window_for_partition_key(key), data_type)
-        return f"`{column}` = {_value(key, data_type)}"
+        return f"`{column}` = {_value(key, column, data_type)}"
 
     @staticmethod
     def _window(column: str, window: dg.TimeWindow, data_type: pa.DataType) -> str:
@@ -223,20 +231,31 @@ def _type_problem(dimension: dg.PartitionsDefinition, data_type: pa.DataType) ->
 
 
 def _key_problem(key: str, data_type: pa.DataType) -> str | None:
-    if pa.types.is_integer(data_type):
-        try:
-            int(key)
-        except ValueError:
-            return "not an integer"
-    return None
+    """Why `key` cannot name rows of a column of this type, or None: an integer column takes an
+    integer written as `str(int(key))` writes it, and no other spelling of it.
+
+    >>> _key_problem("10", pa.int64()), _key_problem("-3", pa.int8()), _key_problem("+10", pa.string())
+    (None, None, None)
+    >>> _key_problem("1_0", pa.int64()), _key_problem("two", pa.int64())
+    ("another spelling of 10, whose key is '10' (two keys would select the same rows)", 'not an integer')
+    """
+    if not pa.types.is_integer(data_type) or _INTEGER_KEY.fullmatch(key):
+        return None
+    try:
+        canonical = str(int(key))
+    except ValueError:
+        return "not an integer"
+    return f"another spelling of {canonical}, whose key is {canonical!r} (two keys would select the same rows)"
 
 
-def _value(key: str, data_type: pa.DataType) -> str:
-    if pa.types.is_integer(data_type):
-        if _key_problem(key, data_type):
-            raise FunctionDefinitionError(f"partition key {key!r} cannot be written as a filter on an integer column")
-        return str(int(key))
-    return literal(key)
+def _value(key: str, column: str, data_type: pa.DataType) -> str:
+    """The key as a literal of its column's type; raises PartitionKeyError when it cannot be one
+    (the same words as `Partitioning.problems`, which says it of static keys when definitions load)."""
+    problem = _key_problem(key, data_type)
+    if problem:
+        raise PartitionKeyError(f"field 'partition_column': partition key {key!r} cannot be written as a filter on "
+                                f"column {column!r} ({data_type}): {problem}")
+    return key if pa.types.is_integer(data_type) else literal(key)
 
 
 def partitioning_of(options: Any, label: str) -> Partitioning | None:

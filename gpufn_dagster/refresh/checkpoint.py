@@ -72,6 +72,20 @@ class CheckpointStore:
         for _end, name in self.chunks(work).values():
             self.files.delete(name)
 
+    def rows_saved(self) -> int:
+        """The rows this Function version's checkpoints hold now (every fragment and shard): what a
+        resumed refresh will not compute again."""
+        rows = 0
+        for name in self.files.names(self.dir):
+            leaf = name.rsplit("/", 1)[-1]
+            if leaf.endswith(".arrow"):
+                start, end = (int(p) for p in leaf.removesuffix(".arrow").split("-"))
+                rows += end - start
+            elif leaf == "done.json":
+                record = json.loads(self.files.read(f"{self.dir}/{name}") or b"{}")
+                rows += int(record.get("rows", 0))
+        return rows
+
     def clear(self) -> None:
         """Drop all progress for this column (every Function version): called after a commit."""
         self.files.delete_folder(self.root)

@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import lance
+import numpy as np
 
 from ..errors import CommitRacesLost
 from ..function_spec.functions import Function
 from .columns import ensure_columns
+from .checkpoint import CheckpointStore
 from .commit import Publisher, commit_groups, state_after
 from .files import TableFiles
 from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, assemble_fragment, compute_fragments, \
@@ -92,6 +94,8 @@ class RefreshOptions:
         where: a Lance filter: refresh only the rows it selects (a partition's slice, `slices`);
             other rows are neither computed nor passed to the Function, and slices of one column
             refresh side by side.
+        keep_rows: keep the addresses of the rows given a value (`RefreshResult.computed_rows`), for
+            a caller that reports them per part of `where` (a single-run backfill's partitions).
 
     >>> RefreshOptions(concurrency=2, upstream=[]).upstream
     ()
@@ -108,6 +112,7 @@ class RefreshOptions:
     lease_token: str | None = None
     instances: InstanceSource = FunctionInstance
     where: str | None = None
+    keep_rows: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", tuple(self.upstream))
@@ -193,12 +198,14 @@ class ColumnRefresh:
             with Ticker(self.options.report, progress, self.options.report_every):
                 outcomes = compute_fragments(Attempt(worker, dataset, progress), tasks, self.options.workers,
                                              step=_compute_piece)
+            progress.stop()
         total = Outcome()
         for outcome in outcomes:
             total.add(outcome)
         self._report(progress)
         first = progress.first_values_at
         return ShardResult(index=shard.index, rows_planned=shard.rows, rows_computed=total.computed,
+                           rows_adopted=total.adopted, computed_rows=_joined(worker.computed_rows),
                            rows_failed=len(total.errors), rows_checked=progress.rows_scanned, pieces=len(tasks),
                            wall_seconds=time.monotonic() - started, compute_seconds=progress.computing_seconds(),
                            busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures(),
@@ -213,6 +220,12 @@ class ColumnRefresh:
         return self._commit_refreshed(assemble_fragment)
 
     # --- what the verbs share ---------------------------------------------------------------
+
+    def rows_checkpointed(self) -> int:
+        """The rows of this column (of this refresh's slice) its checkpoints hold now: what a terminated
+        refresh leaves for the next one, which resumes from them."""
+        return CheckpointStore(self.files, scope(self.function.sig_column, self.options.where),
+                               self.function.version).rows_saved()
 
     def _token(self) -> str:
         if not self.options.lease_token:
@@ -242,7 +255,7 @@ class ColumnRefresh:
     def _worker(self) -> Iterator[Worker]:
         """What every attempt of one verb shares; the Function's instance is closed at the end."""
         worker = Worker.of(self.files, self.function, self.options.prefetch, self.options.report, self.options.instances,
-                           scope=scope(self.function.sig_column, self.options.where))
+                           scope=scope(self.function.sig_column, self.options.where), keep_rows=self.options.keep_rows)
         try:
             yield worker
         finally:
@@ -308,6 +321,7 @@ class ColumnRefresh:
                     published += publisher.commits
                     rewritten += len(publisher.published)
                     computed_until = time.monotonic()  # its commit is not computing
+                    progress.stop(computed_until)
                     total = Outcome()  # the last attempt's results cover every fragment (earlier ones are reused)
                     for result in results:
                         total.add(result.outcome)
@@ -341,7 +355,8 @@ class ColumnRefresh:
         self._report(progress)
         return RefreshResult(
             function_version=function.version, version_before=version_before, version_after=dataset.version,
-            rows_computed=total.computed, rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
+            rows_computed=total.computed, rows_adopted=total.adopted, computed_rows=_joined(worker.computed_rows),
+            rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
             rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
             fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,
             lease_wait_seconds=lease.waited, errors=tuple(total.errors), recovered=tuple(total.recovered),
@@ -353,6 +368,13 @@ class ColumnRefresh:
             first_call_seconds=progress.first_call_seconds,
             fragments_left=sum(r.incomplete for r in results), versions_published=published,
         )
+
+
+def _joined(parts: list[np.ndarray] | None) -> np.ndarray | None:
+    """The addresses a worker kept (`RefreshOptions.keep_rows`), as one array (None: not kept)."""
+    if parts is None:
+        return None
+    return np.concatenate(parts) if parts else np.array([], dtype=np.uint64)
 
 
 def _files_in_use(dataset: lance.LanceDataset) -> set[str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import FunctionFailed, RefreshStopped, RowTimeout
+from ..function_spec.code_version import format_exc
 from ..function_spec.error_policy import Decision
 from ..function_spec.functions import CallStyle, Function
 from .deadline import deadline
@@ -43,6 +43,8 @@ class RowError:
     row_id: int | None = None  # its stable row id (None: recorded by an earlier release)
     attempt: int = 1  # the calls that included the row in this refresh
     rule: str | None = None  # the on_error rule that decided (None: recorded by an earlier release)
+    error_class: str | None = None  # the exception's class (None: recorded by an earlier release)
+    inputs: str | None = None  # its first input values, shortened ("text='a long docu…'")
 
 
 @dataclass(frozen=True)
@@ -71,14 +73,21 @@ class Rows:
     def name(self, i: int, inputs: pa.RecordBatch) -> str:
         """'row id 1234 (fragment 1, offset 2000; text='first 60 characters…')': the first input values shortened."""
         address = self.address(i)
-        values = "; ".join(f"{name}={_short(inputs.column(name)[i].as_py())}" for name in inputs.schema.names[:2])
+        values = self.values(i, inputs)
         fragment, offset = split_address(address)
         where = f"fragment {fragment}, offset {offset}" + (f"; {values}" if values else "")
         row_id = self.row_id(i)
         return f"row id {row_id} ({where})" if row_id is not None else f"row address {address} ({where})"
 
-    def error(self, i: int, message: str, trace: str, attempt: int, rule: str) -> RowError:
-        return RowError(self.address(i), message, trace, row_id=self.row_id(i), attempt=attempt, rule=rule)
+    @staticmethod
+    def values(i: int, inputs: pa.RecordBatch) -> str:
+        """The row's first two input values, shortened: what a person recognizes it by."""
+        return "; ".join(f"{name}={_short(inputs.column(name)[i].as_py())}" for name in inputs.schema.names[:2])
+
+    def error(self, i: int, message: str, trace: str, attempt: int, rule: str, err: BaseException,
+              inputs: pa.RecordBatch) -> RowError:
+        return RowError(self.address(i), message, trace, row_id=self.row_id(i), attempt=attempt, rule=rule,
+                        error_class=type(err).__name__, inputs=self.values(i, inputs))
 
 
 def _short(value: Any, most: int = 60) -> str:
@@ -190,7 +199,8 @@ def call_function(
         raise FunctionFailed(f"Function {function.name!r} {what}: {err!r} ({_decided(decision, attempt)})") from err
     if inputs.num_rows == 1:
         message = f"{what}: {err!r}" if oom or late else repr(err)
-        return pa.nulls(1, function.output_type), [rows.error(0, message, result.traceback, attempt, decision.rule)]
+        return pa.nulls(1, function.output_type), [rows.error(0, message, result.traceback, attempt, decision.rule, err,
+                                                              inputs)]
     # Skipped on a batch: pin the failure on the rows that caused it, each row on its own.
     return _in_parts(call, function, inputs, rows, fit, 1, may_retry=False)
 
@@ -219,10 +229,10 @@ def _under_policy(function: Function, seconds: float | None, may_retry: bool, bo
             raise
         except Exception as err:
             if undecided(err):
-                return _Failure(err, traceback.format_exc(), attempt, None)
+                return _Failure(err, format_exc(), attempt, None)
             decision = function.on_error.decide(err, attempt, may_retry)
             if decision.action != "retry":
-                return _Failure(err, traceback.format_exc(), attempt, decision)
+                return _Failure(err, format_exc(), attempt, decision)
             time.sleep(decision.delay)
             attempt += 1
 
@@ -250,7 +260,8 @@ def _call_rows(call: Callable[..., Any], function: Function, inputs: pa.RecordBa
             raise FunctionFailed(f"Function {function.name!r} failed on {rows.name(i, inputs)}{late}: "
                                  f"{value.error!r} ({_decided(value.decision, value.attempt)})") from value.error
         out.append(None)
-        errors.append(rows.error(i, repr(value.error) + late, value.traceback, value.attempt, value.decision.rule))
+        errors.append(rows.error(i, repr(value.error) + late, value.traceback, value.attempt, value.decision.rule,
+                                 value.error, inputs))
     try:
         return _to_array(out, function.output_type, inputs.num_rows), errors
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -272,5 +283,5 @@ def _convert_rows(function: Function, out: list[Any], inputs: pa.RecordBatch, ro
             if decision.action == "fail":
                 raise FunctionFailed(f"{message} ({_decided(decision, 1)})") from err
             values.append(pa.nulls(1, function.output_type))
-            errors.append(rows.error(i, message, traceback.format_exc(), 1, decision.rule))
+            errors.append(rows.error(i, message, format_exc(), 1, decision.rule, err, inputs))
     return (pa.concat_arrays(values) if values else pa.array([], function.output_type)), errors

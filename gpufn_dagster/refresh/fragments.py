@@ -53,24 +53,39 @@ class Outcome:
     """What computing some rows produced besides their values."""
 
     errors: list[RowError] = field(default_factory=list)
-    recovered: list[int] = field(default_factory=list)  # addresses of rows that had failed and now succeeded
-    computed: int = 0
+    # rows that had failed and now succeeded: (address, stable row id or None)
+    recovered: list[tuple[int, int | None]] = field(default_factory=list)
+    computed: int = 0  # rows the Function gave a value (failed rows are `errors`)
     changed: int = 0  # rows whose stored value or signature differs from before
+    adopted: int = 0  # rows whose values came from checkpoints another refresh (a killed run) saved
 
     def add(self, other: Outcome) -> None:
         self.errors.extend(other.errors)
         self.recovered.extend(other.recovered)
         self.computed += other.computed
         self.changed += other.changed
+        self.adopted += other.adopted
 
-    def to_json(self) -> dict[str, Any]:
-        return {"errors": [asdict(e) for e in self.errors], "recovered": self.recovered,
-                "computed": self.computed, "changed": self.changed}
+    def to_json(self, by: str) -> dict[str, Any]:
+        """As a checkpoint keeps it, with `by`: the refresh that computed it (`Worker.token`)."""
+        return {"errors": [asdict(e) for e in self.errors], "recovered": [list(r) for r in self.recovered],
+                "computed": self.computed, "changed": self.changed, "adopted": self.adopted, "by": by}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Outcome:
-        return cls([RowError(**e) for e in data.get("errors", [])], list(data.get("recovered", [])),
-                   data.get("computed", 0), data.get("changed", 0))
+    def from_json(cls, data: dict[str, Any], token: str) -> Outcome:
+        """A checkpoint's outcome, read by the refresh `token`: rows another refresh computed are
+        adopted, not computed by this one (an earlier attempt of this refresh computed its own).
+
+        >>> saved = Outcome(computed=5, adopted=2).to_json(by="run-a")
+        >>> (Outcome.from_json(saved, "run-a").computed, Outcome.from_json(saved, "run-b").adopted)
+        (5, 7)
+        """
+        recovered = [(r, None) if isinstance(r, int) else (int(r[0]), r[1]) for r in data.get("recovered", [])]
+        outcome = cls([RowError(**e) for e in data.get("errors", [])], recovered, data.get("computed", 0),
+                      data.get("changed", 0), data.get("adopted", 0))
+        if data.get("by") != token:
+            outcome.adopted, outcome.computed = outcome.adopted + outcome.computed, 0
+        return outcome
 
 
 @dataclass
@@ -88,6 +103,7 @@ class Attempt:
     def __init__(self, worker: Worker, dataset: lance.LanceDataset, progress: Progress):
         self.files, self.function, self.store, self.written = worker.files, worker.function, worker.store, worker.written
         self.instance, self.fit, self.sizer, self.prefetch = worker.instance, worker.fit, worker.sizer, worker.prefetch
+        self.token, self.computed_rows = worker.token, worker.computed_rows
         self.report, self.dataset, self.progress = worker.report, dataset, progress
         self.lock = threading.Lock()
         self.call_lock = threading.Lock()
@@ -149,6 +165,7 @@ class Attempt:
         with self.lock:
             self.progress.rows_scanned += scanned
             self.progress.rows_computed += outcome.computed
+            self.progress.rows_adopted += outcome.adopted
             self.progress.rows_failed += len(outcome.errors)
             self.first_errors.extend(outcome.errors[:FIRST_ERRORS - len(self.first_errors)])
             failed, checked = self.progress.rows_failed, self.progress.rows_to_scan
@@ -233,6 +250,7 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
     batch, addresses, now, stale_idx, retried = (staged.batch, staged.addresses, staged.now, staged.stale_idx,
                                                  staged.retried)
     outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
+    ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
     if staged.values is None:
         merged = [batch.column(name) for name in function.columns]
     else:
@@ -249,7 +267,11 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
         now[failed] = FAILED
         was_failed = {int(a) for a in addresses[retried]}
         outcome.errors = [replace(e, retried=e.row_address in was_failed) for e in errors]
-        outcome.recovered = [int(a) for a in addresses[stale_idx][retried[stale_idx] & ~failed[stale_idx]]]
+        outcome.computed -= int(np.count_nonzero(failed[stale_idx]))
+        back = stale_idx[retried[stale_idx] & ~failed[stale_idx]]
+        outcome.recovered = [(int(addresses[i]), None if ids is None else int(ids[i])) for i in back]
+        if attempt.computed_rows is not None:  # which rows got a value, when the caller counts them per slice
+            attempt.computed_rows.append(addresses[stale_idx[~failed[stale_idx]]])
         # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
         outcome.changed -= int(np.count_nonzero(failed & retried))
     merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
@@ -260,7 +282,7 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
 
 
 def _finished(attempt: Attempt, item: FragmentWork, record: dict[str, Any]) -> FragmentResult:
-    outcome = Outcome.from_json(record["outcome"])
+    outcome = Outcome.from_json(record["outcome"], attempt.token)
     if record["file"] is None:
         return FragmentResult(item, None, outcome, None)
     data_file = lance.fragment.DataFile(record["file"], attempt.out_ids, list(range(len(attempt.out_ids))),
@@ -285,7 +307,8 @@ class _PendingChunk:
 
     def save(self) -> None:
         if self.at > self.start:
-            self.attempt.store.save_chunk(self.item, self.start, self.at, self.batches, self.outcome.to_json())
+            self.attempt.store.save_chunk(self.item, self.start, self.at, self.batches,
+                                          self.outcome.to_json(by=self.attempt.token))
         self.start, self.batches, self.outcome, self.since = self.at, [], Outcome(), time.monotonic()
 
     def close_at(self, end: int) -> None:
@@ -304,7 +327,7 @@ def _close_fragment(attempt: Attempt, item: FragmentWork, writer: FragmentFileWr
     writer.pad_to(item.physical_rows)
     writer.close()
     record: dict[str, Any] = {"file": writer.name, "major": writer.major, "minor": writer.minor,
-                              "outcome": total.to_json()}
+                              "outcome": total.to_json(by=attempt.token), "rows": item.live_rows}
     if not new and total.changed == 0:
         # Every row is current (e.g. after compaction): keep the fragment's files as they are.
         attempt.files.delete(f"data/{writer.name}")
@@ -374,10 +397,10 @@ def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]],
         batches, info = attempt.store.load_chunk(chunk)
         for restored in batches:
             writer.write(restored)
-        outcome = Outcome.from_json(info)
+        outcome = Outcome.from_json(info, attempt.token)
         total.add(outcome)
-        attempt.advance(0, Outcome(errors=outcome.errors))
-    if resume_at:
+        attempt.advance(0, Outcome(errors=outcome.errors, computed=outcome.computed, adopted=outcome.adopted))
+    if resume_at:  # the rows the chunks cover count as checked (their computed or adopted rows were counted above)
         attempt.advance(live_offset(attempt.dataset.get_fragment(item.fragment_id), resume_at), Outcome())
     pending = _PendingChunk(attempt, item, start=resume_at)
 
@@ -426,12 +449,12 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
     total = Outcome()
     chain = _chain(attempt.store.chunks(item), piece.start, piece.end)
     for _end, chunk in chain:
-        total.add(Outcome.from_json(attempt.store.load_chunk(chunk)[1]))
+        total.add(Outcome.from_json(attempt.store.load_chunk(chunk)[1], attempt.token))
     resume_at = chain[-1][0] if chain else piece.start
     if resume_at > piece.start:
         fragment = attempt.dataset.get_fragment(item.fragment_id)
         attempt.advance(live_offset(fragment, resume_at) - live_offset(fragment, piece.start),
-                        Outcome(errors=total.errors))
+                        Outcome(errors=total.errors, computed=total.computed, adopted=total.adopted))
     if resume_at >= piece.end:
         return total
     pending = _PendingChunk(attempt, item, start=resume_at)

@@ -82,8 +82,8 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
 
     `counted`: the sorted physical offsets of the rows a call's size counts (a slice's rows, the only
     ones the model gets); a call then holds `call_rows()` of them and the other rows around them,
-    at most SPAN_ROWS rows in all, so rows of other slices neither shrink the model's calls nor
-    fill memory.
+    at most SPAN_ROWS rows in all (or `call_rows()`, when larger), so rows of other slices neither
+    shrink the model's calls nor fill memory. A call of any size waits for as many reads as it needs.
 
     >>> reads = iter([pa.record_batch({ADDRESS: pa.array(range(10), pa.uint64())})])
     >>> [c.column(ADDRESS).to_pylist() for c in cut_calls(reads, lambda: 3, start=2, end=8)]
@@ -112,10 +112,9 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
                 weight = np.isin(offsets[first:last], counted, assume_unique=True)
                 weights.append(weight)
                 rows += int(np.count_nonzero(weight))
-        while buffered and (rows >= call_rows() or span >= SPAN_ROWS):
-            size = call_rows() if counted is None else _counted_prefix(weights, call_rows(), SPAN_ROWS)
+        while buffered and (size := _call_size(call_rows(), rows, span, None if counted is None else weights)):
             call = _take(buffered, size)
-            rows -= call.num_rows if counted is None else _drop_weights(weights, size)
+            rows -= call.num_rows if counted is None else _drop_weights(weights, call.num_rows)
             span -= call.num_rows
             yield call
         if last < len(offsets):
@@ -125,6 +124,23 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
 
 
 SPAN_ROWS = 64 * READ_ROWS  # the most rows one call spans when only some of them count (`cut_calls`)
+
+
+def _call_size(wanted: int, rows: int, span: int, weights: deque[np.ndarray] | None) -> int:
+    """How many buffered rows the next call takes, 0 while it must read on: `wanted` counted rows
+    (`rows` of them buffered among `span` rows; `weights` say which count, None: all), or fewer
+    counted rows once max(SPAN_ROWS, wanted) rows are buffered. A call is never cut at SPAN_ROWS
+    when every row counts: a `batch_size` above it gets calls of its size.
+
+    >>> _call_size(262_144, 65_536, 65_536, None), _call_size(262_144, 262_144, 262_144, None)
+    (0, 262144)
+    >>> _call_size(4, 1, SPAN_ROWS, deque([np.array([True] + [False] * (SPAN_ROWS - 1))]))
+    65536
+    """
+    most = max(SPAN_ROWS, wanted)
+    if rows < wanted and span < most:
+        return 0
+    return wanted if weights is None else _counted_prefix(weights, wanted, most)
 
 
 def _counted_prefix(weights: deque[np.ndarray], wanted: int, most: int) -> int:

@@ -28,7 +28,7 @@ class RefreshResult:
     wall_seconds: float
     lease_wait_seconds: float
     errors: tuple[RowError, ...]
-    recovered: tuple[int, ...]  # addresses of rows that had failed before and now succeeded
+    recovered: tuple[tuple[int, int | None], ...]  # rows that had failed before and now succeeded: (address, row id)
     leftover_files_removed: int = 0  # data files earlier killed or failed refreshes left behind
     load_seconds: float = 0.0  # constructing the Function's callable (loading its model), all attempts
     compute_seconds: float = 0.0  # computing rows, over every attempt, the load and the commit left out
@@ -42,6 +42,8 @@ class RefreshResult:
     versions_published: int = 0  # intermediate commits (publish_every_rows) before the final one
     fragments_left: int = 0  # assembling shards: fragments that changed meanwhile, left for the next refresh
     devices: tuple[str, ...] = ()  # the GPUs the worker saw (none: it computed on a CPU)
+    rows_adopted: int = 0  # rows whose values came from another refresh's checkpoints (a killed run's), not computed
+    computed_rows: Any = None  # addresses of the rows given a value (`RefreshOptions.keep_rows`; else None)
 
     @property
     def busy_fraction(self) -> float:
@@ -96,6 +98,9 @@ class ShardResult:
     first_values_at: float | None = None  # when its first computed values came back (epoch seconds)
     first_call_seconds: float | None = None  # how long the call that computed them took
     devices: tuple[str, ...] = ()  # the GPUs its worker saw (none: it computed on a CPU)
+    rows_adopted: int = 0  # rows restored from checkpoints an earlier attempt (a killed one) saved
+    computed_rows: Any = None  # addresses of the rows given a value (`RefreshOptions.keep_rows`; else None)
+    run_id: str | None = None  # the run whose step computed it (a re-execution reuses its parent's shards)
 
     @property
     def rows_per_second(self) -> float:

@@ -11,8 +11,9 @@ forkserver because each run is a process of its own (runs never share memory), a
 process per slot serving several versions because a process that imported one version's modules
 cannot import another's: one process, one version, one device, so two never share an instance.
 
-- Keyed by (class, slot, device, Function version): the slot's lock (`run.slots`) means one step
-  at a time uses a slot's instances; nothing is shared between versions or devices.
+- Keyed by (class, slot, device, Function version, settings): the slot's lock (`run.slots`) means
+  one step at a time uses a slot's instances; nothing is shared between versions, devices or
+  settings, and an instance of the same version loaded with other settings is ended when found.
 - Bounded by the class's `local.warm`: `idle` (unused that long, the process ends), `instances`
   and `memory` per slot (the least recently used end first when a new one loads).
 - A crash of the process fails the call in flight -- only the step using it -- naming the
@@ -23,8 +24,12 @@ cannot import another's: one process, one version, one device, so two never shar
   long-lived instance pod per GPU node (a Deployment on the class's pool) answering the same
   socket protocol over the pod network, the slot being a GPU that pod holds; not built yet.
 
-A Function whose callable cannot be sent to another process (a lambda, a closure, a wrapped
-`lancedb.udf`) is loaded in the step as before, and the log says why.
+The callable travels by where it is defined (`function_spec.target`), so every form a Function
+is written in -- a decorated `def` or `class`, `gpu_function(...)(f)`, a `lancedb.udf`, a YAML
+import path -- reaches the slot's process; one that cannot (a lambda, a closure) is loaded in the
+step as before, and the log says why. An instance is keyed by its version and by the settings of
+the code location that loaded it (`loaded_code.settings_digest`: environment, loaded files), so it
+never serves a step whose code or settings differ from those it was loaded with.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import pyarrow as pa
 from ..classes import GpuClass
 from ..errors import FunctionDefinitionError, FunctionFailed, RefreshStopped
 from ..function_spec.functions import Function
+from ..loaded_code import settings_digest
 from ..procfs import alive, command_words, running_module, stat_fields
 from ..tags import time_tag
 from .execute import BatchFit, RowError, Rows
@@ -71,15 +77,20 @@ class Slot:
     device: str  # CUDA_VISIBLE_DEVICES of the slot ('' when the class names no devices)
     directory: Path
 
-    def key(self, version: str) -> str:
-        """The registry key of `version`'s instance on this slot.
+    def key(self, version: str, settings: str) -> str:
+        """The registry key of `version`'s instance on this slot, loaded with `settings`
+        (`loaded_code.settings_digest`: the code location's environment and files).
 
         >>> from gpufn_dagster.classes import GpuClass
         >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
-        >>> Slot(l4, 0, "0", Path("/x")).key("v1") == Slot(l4, 0, "0", Path("/x")).key("v1") != Slot(l4, 1, "1", Path("/x")).key("v1")
+        >>> slot = Slot(l4, 0, "0", Path("/x"))
+        >>> slot.key("v1", "s") == slot.key("v1", "s") != Slot(l4, 1, "1", Path("/x")).key("v1", "s")
+        True
+        >>> slot.key("v1", "s") != slot.key("v1", "t")
         True
         """
-        return hashlib.sha256(f"{self.gpu_class.name}|{self.index}|{self.device}|{version}".encode()).hexdigest()[:20]
+        return hashlib.sha256(f"{self.gpu_class.name}|{self.index}|{self.device}|{version}|{settings}".encode()
+                              ).hexdigest()[:20]
 
     def holds(self, record: dict[str, Any]) -> bool:
         """Whether a registry entry is an instance of this slot: the registry directory holds every
@@ -152,7 +163,8 @@ class WarmInstance(FunctionInstance):
     def __init__(self, function: Function, slot: Slot, say: Callable[[str], None]):
         super().__init__(function)
         self.slot, self.say = slot, say
-        self.key = slot.key(function.version)
+        self.settings = settings_digest()
+        self.key = slot.key(function.version, self.settings)
         self.connection: Connection | None = None
         self.record: dict[str, Any] | None = None
         self.started: subprocess.Popen | None = None
@@ -170,21 +182,27 @@ class WarmInstance(FunctionInstance):
                      f"(version {self.function.version}, in process {mine[0]['pid']} on local slot {self.slot.index} "
                      f"of class {self.slot.gpu_class.name!r}); nothing loaded")
             return
-        if mine:  # registered but not answering: end it, so its successor can take the same address
-            _end(mine[0]["pid"])
+        # The same version loaded with other settings (the code location's environment or files changed since)
+        # never serves again: ended now, so its device memory is free for this one.
+        outdated = [r for r in others if r["version"] == self.function.version and r["key"] != self.key]
+        for record in [*mine, *outdated]:  # registered but not answering, or outdated: end it
+            _end(record["pid"])
             deadline = time.monotonic() + 10
-            while alive(mine[0]["pid"]) and time.monotonic() < deadline:
+            while alive(record["pid"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            others.remove(mine[0])
+            others.remove(record)
         why = ("the warm one of this version did not answer, so it was ended" if mine else
+               "the warm one of this version was loaded with other settings (the code location's environment or "
+               "files changed since), so it was ended" if outdated else
                "no instance of this version was warm on this slot (first use, the code changed, or the last one "
                f"was idle longer than local.warm.idle {self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
+        before = progress.load_seconds
         with loading(progress, report):
             self._make_room(others)
             record = self._start()
         self.say(f"{self.function.name}: loaded the instance anew ({why}) in process {record['pid']} on local slot "
-                 f"{self.slot.index} of class {self.slot.gpu_class.name!r}, in {record['load_seconds']:.1f}s; it stays "
-                 f"warm for the next step of version {self.function.version}")
+                 f"{self.slot.index} of class {self.slot.gpu_class.name!r}, in {progress.load_seconds - before:.1f}s; "
+                 f"it stays warm for the next step of version {self.function.version}")
 
     def _connect(self, record: dict[str, Any]) -> bool:
         try:
@@ -218,8 +236,8 @@ class WarmInstance(FunctionInstance):
                 "gpu_class": self.slot.gpu_class.name, "slot": self.slot.index, "device": self.slot.device,
                 "address": address, "authkey": secrets.token_bytes(16), "owner_pid": owner_pid(),
                 "idle_seconds": self.slot.gpu_class.local.warm.idle.total_seconds(),
-                "function": pickle.dumps(self.function), "sys_path": list(sys.path), "cwd": os.getcwd(),
-                "modules": _module_files(self.function)}
+                "settings": self.settings, "function": pickle.dumps(self.function), "sys_path": list(sys.path),
+                "cwd": os.getcwd()}
         spec_path.write_bytes(pickle.dumps(spec))
         os.chmod(spec_path, 0o600)
         log = spec_path.with_suffix(".log")
@@ -275,16 +293,6 @@ class WarmInstance(FunctionInstance):
                 pass
             self.connection.close()
             self.connection = None
-
-
-def _module_files(function: Function) -> dict[str, str]:
-    """The module defining the Function's callable and its file: Dagster loads a code location's
-    `python_file` under the file's name without putting its directory on sys.path, so the warm
-    process loads that module from its file before it unpickles the Function."""
-    name = getattr(function.target, "__module__", None)
-    module = sys.modules.get(name or "")
-    path = getattr(module, "__file__", None)
-    return {name: path} if name and path else {}
 
 
 def _exit(pid: int) -> str:

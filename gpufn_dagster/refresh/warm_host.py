@@ -25,11 +25,11 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from ..function_spec.code_version import format_exc, format_exception
 from ..procfs import alive
 
 
@@ -56,17 +56,15 @@ class Host:
         sys.path[:0] = [p for p in spec["sys_path"] if p not in sys.path]
         os.chdir(spec["cwd"])
         began = time.monotonic()
-        for name, path in spec["modules"].items():
-            _import(name, path)
-        self.function = pickle.loads(spec["function"])
+        self.function = pickle.loads(spec["function"])  # its callable imported by where it is defined
         self.call = self.function.open()
         self.load_seconds = time.monotonic() - began
         self.loaded_at = time.time()
 
     def publish(self) -> None:
         """Write the registry entry steps read: where to connect, what is loaded, when, how big."""
-        record = {**{k: self.spec[k] for k in ("key", "version", "function_name", "gpu_class", "slot", "device",
-                                                "address", "idle_seconds")},
+        record = {**{k: self.spec[k] for k in ("key", "version", "settings", "function_name", "gpu_class", "slot",
+                                                "device", "address", "idle_seconds")},
                   "pid": os.getpid(), "loaded_at": self.loaded_at, "load_seconds": self.load_seconds,
                   "last_used": self.last_used, "resident_bytes": _resident_bytes(), "authkey": self.spec["authkey"].hex()}
         temporary = self.entry.with_suffix(".json.tmp")
@@ -116,31 +114,13 @@ class Host:
         os._exit(0)
 
 
-def _import(name: str, path: str) -> None:
-    """Import `name` by name when sys.path has it, else from its file (a code location's python_file)."""
-    import importlib
-    import importlib.util
-
-    try:
-        importlib.import_module(name)
-        return
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
 def _portable(err: BaseException) -> BaseException:
     """The exception itself when it pickles (FunctionFailed does), else a RuntimeError saying it."""
     try:
         pickle.loads(pickle.dumps(err))
         return err
     except Exception:
-        return RuntimeError(f"{type(err).__name__}: {err}\n{''.join(traceback.format_exception(err))}")
+        return RuntimeError(f"{type(err).__name__}: {err}\n{format_exception(err)}")
 
 
 def main(spec_path: str) -> None:
@@ -149,7 +129,7 @@ def main(spec_path: str) -> None:
     try:
         host.load()
     except BaseException:
-        Path(spec_path).with_suffix(".error").write_text(traceback.format_exc())
+        Path(spec_path).with_suffix(".error").write_text(format_exc())
         raise SystemExit(1) from None
     listener = Listener(host.spec["address"], family="AF_UNIX", authkey=host.spec["authkey"])
     host.publish()

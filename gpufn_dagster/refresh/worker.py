@@ -9,11 +9,13 @@ with no stale row -- and closed when the verb ends.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import RefreshStopped
@@ -95,14 +97,20 @@ class Worker:
     sizer: BatchSizer
     prefetch: int
     report: Callable[[Progress], None] | None
+    # Who this refresh verb is, written into its checkpoints: rows restored from a checkpoint another
+    # token wrote (a killed run's) are adopted, not computed by this verb (`fragments.Outcome`).
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The addresses of the rows given a value, when the caller counts them per slice (None: not kept).
+    computed_rows: list[np.ndarray] | None = None
 
     @classmethod
     def of(cls, files: TableFiles, function: Function, prefetch: int,
            report: Callable[[Progress], None] | None, instances: InstanceSource = FunctionInstance,
-           scope: str | None = None) -> Worker:
-        """`scope`: where its checkpoints and written files live (`slices.scope`; default the column's)."""
+           scope: str | None = None, keep_rows: bool = False) -> Worker:
+        """`scope`: where its checkpoints and written files live (`slices.scope`; default the column's);
+        `keep_rows`: keep the addresses of the rows it computes (`computed_rows`)."""
         scope = scope or function.sig_column
         return cls(files, function, CheckpointStore(files, scope, function.version),
                    WrittenFiles(files, scope), instances(function), BatchFit(),
                    BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size),
-                   prefetch, report)
+                   prefetch, report, computed_rows=[] if keep_rows else None)

@@ -229,7 +229,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     ...               max_gpu_count_per_worker=8, max_wait="10m")
     >>> wait = Verdict(CapacityState.WAITING, "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
     >>> first = decide(wait, {}, l4, 1, (1, 1), now=1796058073)
-    >>> first.tags["gpufn/capacity"], first.tags[".dagster/gpufn/capacity-reason"], first.tags[".dagster/gpufn/waiting-since"]
+    >>> first.tags["gpufn/capacity"], first.tags[".dagster/gpufn-capacity-reason"], first.tags[".dagster/gpufn-waiting-since"]
     ('waiting', 'Unschedulable', '2026-11-30T17:01:13Z')
     >>> decide(wait, first.tags, l4, 1, (1, 1), now=1796058073 + 60).tags   # nothing new to say
     {}
@@ -333,13 +333,13 @@ def _position_moved(previous: Mapping[str, str], position: str | None, place: st
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
-    >>> said = {".dagster/gpufn/queue-position": "3 of 3", ".dagster/gpufn/position-said": "3 of 3 at 2026-11-30T17:01:13Z"}
+    >>> said = {".dagster/gpufn-queue-position": "3 of 3", ".dagster/gpufn-position-said": "3 of 3 at 2026-11-30T17:01:13Z"}
     >>> soon = _position_moved(said, "2 of 3", "position 2 of 3", l4, 1796058073 + 20, 20)
     >>> soon.tags, soon.event
-    ({'.dagster/gpufn/queue-position': '2 of 3'}, None)
+    ({'.dagster/gpufn-queue-position': '2 of 3'}, None)
     >>> later = _position_moved({**said, **soon.tags}, "2 of 3", "position 2 of 3 in ClusterQueue q", l4,
     ...                         1796058073 + 90, 90)
-    >>> later.tags[".dagster/gpufn/position-said"], later.event.message
+    >>> later.tags[".dagster/gpufn-position-said"], later.event.message
     ('2 of 3 at 2026-11-30T17:02:43Z', "Still waiting for GPU capacity of class 'l4': now position 2 of 3 in ClusterQueue q")
     """
     if position is None:

@@ -5,8 +5,11 @@ The estimate replays the class's queue on its capacity: the GPUs of the class (n
 Kubernetes, local slots in the embedded mode) free up as the runs holding them reach their
 typical duration, and the runs ahead take them in order, each for its own typical duration. A
 run's typical duration is the median of the recent successful runs of the same work (its asset
-selection, else its job) in the instance's history. When a run ahead, or one holding GPUs, has
-no history, the estimate is "unknown" rather than a guess.
+selection, else its job) in the instance's history; for a selection never run as such (one asset
+after a Materialize all that had it among others), the sum of its assets' own typical times, each
+the median of its step's recent successful runs in any selection. When a run ahead, or one
+holding GPUs, has no history either way, the estimate is "unknown" rather than a guess; when the
+runs holding the GPUs it needs are past their typical time, it is "any moment", never "now".
 
 >>> history = {"docs__embedding": [480.0, 500.0, 460.0]}
 >>> e = estimate_wait(QueueState("a100-80gb", capacity=2, holding=[Holder("docs__embedding", 2, 100.0)],
@@ -27,19 +30,22 @@ HISTORY_RUNS = 20  # the most recent successful runs per kind of work that a typ
 
 @dataclass(frozen=True)
 class Holder:
-    """A run holding `gpus` GPUs of the class, doing `work`, for `elapsed` seconds so far."""
+    """A run holding `gpus` GPUs of the class, doing `work` (made of the assets `parts`), for
+    `elapsed` seconds so far."""
 
     work: str
     gpus: int
     elapsed: float
+    parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Ahead:
-    """A run waiting ahead in line, doing `work`, for `gpus` GPUs."""
+    """A run waiting ahead in line, doing `work` (made of the assets `parts`), for `gpus` GPUs."""
 
     work: str
     gpus: int
+    parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,13 +68,35 @@ class Estimate:
 
     @property
     def tag(self) -> str:
-        """The tag value: the short form ("about 30 min", "under a minute", "now", "unknown")."""
+        """The tag value: the short form ("about 30 min", "under a minute", "any moment", "now", "unknown")."""
         return self.text.split(" (")[0]
 
 
 def typical(durations: Sequence[float]) -> float | None:
     """The typical duration of a kind of work: the median of its recent runs (None without any)."""
     return statistics.median(durations) if durations else None
+
+
+def typical_of(run: Holder | Ahead, history: Mapping[str, Sequence[float]]) -> float | None:
+    """A run's typical time on the GPUs: that of its work when the instance ran the same work
+    before, else the sum of its parts' (each asset's own history), None when one has none.
+
+    >>> history = {"a, b": [300.0], "a": [100.0, 120.0], "b": [40.0]}
+    >>> typical_of(Ahead("a, b", 1, ("a", "b")), history), typical_of(Ahead("a", 1, ("a",)), history)
+    (300.0, 110.0)
+    >>> typical_of(Ahead("b, c", 1, ("b", "c")), history), typical_of(Ahead("c", 1, ("c",)), history)
+    (None, None)
+    """
+    own = typical(history.get(run.work, ()))
+    if own is not None or not run.parts:
+        return own
+    parts = [typical(history.get(part, ())) for part in run.parts]
+    return None if None in parts else sum(parts)
+
+
+def _unknown_parts(run: Holder | Ahead, history: Mapping[str, Sequence[float]]) -> list[str]:
+    """What has no history when a run's typical time is unknown: its parts without any, or its work."""
+    return [p for p in run.parts if not history.get(p)] or [run.work]
 
 
 def _minutes(seconds: float) -> str:
@@ -107,31 +135,45 @@ def estimate_line(gpu_class: str, capacity: int, holding: Sequence[Holder], line
     detail_of = _details(gpu_class, capacity, line, history)
     if capacity < 1:
         return [Estimate(None, f"unknown ({detail_of(i)}; no GPU of the class is known here)") for i in range(len(line))]
-    unknown_holders = sorted({h.work for h in holding if typical(history.get(h.work, ())) is None})
-    free = [0.0] * capacity  # when each GPU frees, seconds from now
+    unknown = sorted({p for h in holding if typical_of(h, history) is None for p in _unknown_parts(h, history)})
+    free = [(0.0, False)] * capacity  # per GPU: (when it frees, seconds from now; whether a run holds it)
     held = 0
     for holder in holding:
-        left = max((typical(history.get(holder.work, ())) or 0.0) - holder.elapsed, 0.0)
+        left = max((typical_of(holder, history) or 0.0) - holder.elapsed, 0.0)
         for _ in range(min(holder.gpus, capacity - held)):
-            free[held] = left
+            free[held] = (left, True)
             held += 1
     heapq.heapify(free)
-    estimates, unknown = [], list(unknown_holders)
+    estimates = []
     for index, run in enumerate(line):
         if unknown:
             estimates.append(Estimate(None, f"unknown ({detail_of(index)}; no finished run of "
                                             f"{', '.join(unknown[:3])} in this instance's history)"))
         taken = [heapq.heappop(free) for _ in range(min(run.gpus, capacity))]
-        start = max(taken)
-        seconds = typical(history.get(run.work, ()))
+        start = max(at for at, _ in taken)
+        seconds = typical_of(run, history)
         for _ in taken:
-            heapq.heappush(free, start + (seconds or 0.0))
+            heapq.heappush(free, (start + (seconds or 0.0), True))
         if not unknown:
-            estimates.append(Estimate(0.0, f"now ({detail_of(index)})") if start <= 0 else Estimate(
-                start, f"{'about ' if start >= 60 else ''}{_minutes(start)} ({detail_of(index)})"))
-        if seconds is None and run.work not in unknown:
-            unknown.append(run.work)  # nobody behind it can be estimated
+            estimates.append(_estimate(start, any(holder for _, holder in taken), detail_of(index)))
+        if seconds is None:  # nobody behind it can be estimated
+            unknown.extend(p for p in _unknown_parts(run, history) if p not in unknown)
     return estimates
+
+
+def _estimate(start: float, held: bool, detail: str) -> Estimate:
+    """A known estimate: starting in `start` seconds, on GPUs some run holds until then (`held`).
+    A start due already on held GPUs is "any moment": their holders are past their typical time,
+    and the run still waits for them to end.
+
+    >>> _estimate(0.0, False, "0 runs ahead").text, _estimate(0.0, True, "0 runs ahead").tag
+    ('now (0 runs ahead)', 'any moment')
+    """
+    if start > 0:
+        return Estimate(start, f"{'about ' if start >= 60 else ''}{_minutes(start)} ({detail})")
+    if held:
+        return Estimate(0.0, f"any moment ({detail}; the runs holding its GPUs are past their typical time)")
+    return Estimate(0.0, f"now ({detail})")
 
 
 def _details(gpu_class: str, capacity: int, line: Sequence[Ahead],
@@ -140,7 +182,7 @@ def _details(gpu_class: str, capacity: int, line: Sequence[Ahead],
     (typical: the mean of the typical durations ahead, from prefix sums, so each place costs O(1))."""
     sums, known = [0.0], [0]
     for run in line:
-        seconds = typical(history.get(run.work, ()))
+        seconds = typical_of(run, history)
         sums.append(sums[-1] + (seconds or 0.0))
         known.append(known[-1] + (seconds is not None))
     gpus = f"{capacity} GPU{'s' if capacity != 1 else ''} in the class"
@@ -176,7 +218,7 @@ def changed_meaningfully(previous: str | None, new: Estimate) -> bool:
 
 def _tag_minutes(tag: str) -> float | None:
     """The minutes an estimate's tag names (None for "unknown")."""
-    if tag.startswith("now") or "under a minute" in tag:
+    if tag.startswith(("now", "any moment")) or "under a minute" in tag:
         return 0.0
     words = tag.replace("about ", "").split()
     try:

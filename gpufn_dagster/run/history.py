@@ -4,8 +4,10 @@ Both waiting paths -- the embedded queue's pass and the Kubernetes watcher's tic
 line of runs waiting on each class and the class's capacity; this module adds what the instance
 knows (how long each kind of work took recently, who holds the class's GPUs and since when),
 asks `estimate.estimate_line`, and records the answer on each waiting run: tag
-`.dagster/gpufn/wait-estimate` and an event, both only when the estimate changed meaningfully. A few
-queries per class with waiting runs, whatever the number of runs.
+`.dagster/gpufn-wait-estimate` and an event, both only when the estimate changed meaningfully. A few
+queries per class with waiting runs, whatever the number of runs; a selection never run as such
+adds one query of materializations per asset of it, one of their runs, and one of the step
+times of each (at most HISTORY_RUNS) successful run.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from ..dagster_private import EngineEventData
 
 from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
                     seconds_from_tag)
-from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line
+from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line, typical_of
 
 
 def work_of(run: Any) -> str:
@@ -33,6 +35,18 @@ def work_of(run: Any) -> str:
     if run.asset_selection:
         return ", ".join(sorted(key.to_user_string() for key in run.asset_selection))
     return run.job_name
+
+
+def parts_of(run: Any) -> tuple[str, ...]:
+    """The assets a run selected (none for a job run), each of whose history can stand in for the
+    selection's when the selection itself was never run.
+
+    >>> from types import SimpleNamespace
+    >>> from dagster import AssetKey
+    >>> parts_of(SimpleNamespace(asset_selection={AssetKey("docs__embedding"), AssetKey("docs")}))
+    ('docs', 'docs__embedding')
+    """
+    return tuple(sorted(key.to_user_string() for key in run.asset_selection or ()))
 
 
 def _gpus(run: Any) -> int:
@@ -63,6 +77,26 @@ def class_history(instance: DagsterInstance, gpu_class: str) -> dict[str, list[f
     return durations
 
 
+def asset_history(instance: DagsterInstance, assets: Sequence[str]) -> dict[str, list[float]]:
+    """Asset -> durations (seconds) of its step in its recent materializations by successful runs,
+    whatever else those runs selected: from the step's start to its end. What a Materialize all
+    ran counts for the one asset materialized alone next."""
+    steps: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))  # run -> step -> its assets
+    for asset in assets:
+        for record in instance.fetch_materializations(AssetKey.from_user_string(asset), limit=HISTORY_RUNS).records:
+            if record.event_log_entry.step_key:
+                steps[record.run_id][record.event_log_entry.step_key].append(asset)
+    succeeded = [r.dagster_run.run_id for r in instance.get_run_records(
+        RunsFilter(run_ids=list(steps), statuses=[DagsterRunStatus.SUCCESS]))] if steps else []
+    durations: dict[str, list[float]] = {asset: [] for asset in assets}
+    for run_id in succeeded:
+        for stats in instance.get_run_step_stats(run_id, step_keys=sorted(steps[run_id])):
+            if stats.start_time and stats.end_time:
+                for asset in dict.fromkeys(steps[run_id][stats.step_key]):
+                    durations[asset].append(stats.end_time - stats.start_time)
+    return durations
+
+
 def class_holders(instance: DagsterInstance, gpu_class: str, now: float) -> list[Holder]:
     """The runs of the class that hold its GPUs now -- tagged `running` (embedded: a local slot) or
     `scheduled` (Kubernetes: a node) -- with how long they have held them. A run just started whose
@@ -70,7 +104,8 @@ def class_holders(instance: DagsterInstance, gpu_class: str, now: float) -> list
     records = instance.get_run_records(RunsFilter(
         statuses=[DagsterRunStatus.STARTED, DagsterRunStatus.STARTING],
         tags={GPU_CLASS_TAG: gpu_class, CAPACITY_TAG: [CapacityState.RUNNING.value, CapacityState.SCHEDULED.value]}))
-    return [Holder(work_of(r.dagster_run), _gpus(r.dagster_run), now - (_holding_since(r) or now)) for r in records]
+    return [Holder(work_of(r.dagster_run), _gpus(r.dagster_run), now - (_holding_since(r) or now),
+                   parts_of(r.dagster_run)) for r in records]
 
 
 def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any]], capacities: Mapping[str, int],
@@ -82,7 +117,10 @@ def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any
         if not runs:
             continue
         history, holders = class_history(instance, gpu_class), class_holders(instance, gpu_class, now)
-        line = [Ahead(work_of(run), _gpus(run)) for run in runs]
+        line = [Ahead(work_of(run), _gpus(run), parts_of(run)) for run in runs]
+        # A selection never run as such (one asset after a Materialize all): its assets' own history.
+        unrun = {part for run in [*holders, *line] if typical_of(run, history) is None for part in run.parts}
+        history.update(asset_history(instance, sorted(part for part in unrun if not history.get(part))))
         estimates = estimate_line(gpu_class, capacities.get(gpu_class, 0), holders, line, history)
         last[gpu_class] = estimates[-1]
         for place, (run, estimate) in enumerate(zip(runs, estimates, strict=True)):

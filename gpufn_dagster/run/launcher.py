@@ -13,7 +13,7 @@ Configured in dagster.yaml like dagster-k8s's own launcher, plus an optional `cl
 
 Asset tags never reach runs and the UI's Materialize button sends no run tags, so the GPU
 request is read from the run's execution plan: the op tags `gpu_function` puts on each step.
-The launcher writes the result onto the run (`gpufn/gpu-class`, hidden `.dagster/gpufn/gpu-count`) and an engine
+The launcher writes the result onto the run (`gpufn/gpu-class`, hidden `.dagster/gpufn-gpu-count`) and an engine
 event before the Job exists, and fails the run without creating anything when the request
 cannot be placed.
 

@@ -35,13 +35,14 @@ from ..dagster_private import EngineEventData
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, RunKind, gpu_pool, pool_class, time_tag, waiting_since)
+                    CapacityReason, CapacityState, RunKind, class_choice, gpu_pool, pool_class, time_tag, waiting_since)
 from .capacity import past_max_wait
 from .estimate import waited_tag
 from .gauges import ClassGauges, embedded_gauges
 from .history import report_estimates
-from .pools import StepWait, step_waits, wait_message
+from .pools import StepWait, note_waits, pool_limits_now, step_waits, wait_message, with_holders
 from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
+from .slots import held_slots, slot_dir, waiting_steps
 
 
 # A run held because the class files do not load never leaves the queue while that lasts.
@@ -93,13 +94,32 @@ def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[
     return waits, claimed
 
 
+def all_waits(instance: DagsterInstance, classes: Mapping[str, GpuClass],
+              held: Mapping[str, list[dict[str, Any]]]) -> list[StepWait]:
+    """Every GPU step waiting for local slots: those Dagster's pools hold back, and those that got
+    their pool's slot but wait for their classes' slots (`run.slots.waiting_steps`: a choice whose
+    classes other pools' steps hold), the latter only of runs still going."""
+    waits, _claimed = slot_waits(instance, classes)
+    notes = waiting_steps(slot_dir(instance))
+    going = {r.run_id for r in instance.get_runs(RunsFilter(run_ids=sorted({n["run_id"] for n in notes})))
+             if r.status == DagsterRunStatus.STARTED} if notes else set()
+    return [with_holders(w, held) for w in waits] + note_waits([n for n in notes if n["run_id"] in going], held)
+
+
 def embedded_class_gauges(instance: DagsterInstance, classes: Mapping[str, GpuClass], now: float) -> list[ClassGauges]:
-    """Each class's gauges now, in the embedded mode: its local slots, those claimed, who waits --
-    and each choice of classes' (`pooled_classes`), whose steps claim its own pool."""
+    """Each class's gauges now, in the embedded mode: its local slots, those held, who waits -- and
+    each choice of classes' (`pooled_classes`), whose steps claim its own pool: its classes' slots
+    together, held by any step."""
     classes = pooled_classes(classes, pool_limits(instance))
-    waits, claimed = slot_waits(instance, classes)
-    return embedded_gauges({name: c.local.slots for name, c in classes.items()}, waits,
-                           {name: len(steps) for name, steps in claimed.items()}, now)
+    held = held_slots(slot_dir(instance), single_classes(classes))
+    in_use = {name: sum(len(held.get(c, ())) for c in class_choice(name)) for name in classes}
+    return embedded_gauges({name: c.local.slots for name, c in classes.items()}, all_waits(instance, classes, held),
+                           in_use, now)
+
+
+def single_classes(pooled: Mapping[str, GpuClass]) -> list[GpuClass]:
+    """The classes among `pooled` (not the choices of them), whose slot locks exist."""
+    return [c for name, c in pooled.items() if len(class_choice(name)) == 1]
 
 
 class GpuQueuedRunCoordinator(QueuedRunCoordinator):
@@ -145,8 +165,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         if self._instance.event_log_storage.supports_global_concurrency_limits:
             limits = pool_limits(self._instance)
             pooled = pooled_classes(classes, limits)
-            self._sync_pool_limits(pooled.values(), limits)
-            self._report_waits(pooled, time.time())
+            held = held_slots(slot_dir(self._instance), single_classes(pooled))
+            self._sync_pool_limits(pool_limits_now(pooled, held), limits)
+            self._report_waits(pooled, held, time.time())
         return config
 
     def _release_held(self) -> None:
@@ -209,31 +230,36 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 return self._instance.get_run_by_id(run.run_id)
             self._instance.add_run_tags(run.run_id, tags)
             if self._instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
-                self._sync_pool_limits(pooled_classes({c.name: c for p in placements.values() for c in p.accepted},
-                                                      names).values(), pool_limits(self._instance))
+                pooled = pooled_classes({c.name: c for p in placements.values() for c in p.accepted}, names)
+                held = held_slots(slot_dir(self._instance), single_classes(pooled))
+                self._sync_pool_limits(pool_limits_now(pooled, held), pool_limits(self._instance))
             run = self._instance.get_run_by_id(run.run_id)
         return run
 
-    def _sync_pool_limits(self, classes: Iterable[GpuClass], limits: Mapping[str, int]) -> None:
-        """Each class's pool limited to its `local.slots` (the class file is the one place of that
-        fact), given the pools' `limits` now (`pool_limits`)."""
-        for gpu_class in classes:
-            if limits.get(gpu_class.name) != gpu_class.local.slots:
-                self._instance.event_log_storage.set_concurrency_slots(gpu_pool(gpu_class.name), gpu_class.local.slots)
+    def _sync_pool_limits(self, wanted: Mapping[str, int], limits: Mapping[str, int]) -> None:
+        """Each class's (and choice's) pool limited as `wanted` (`pools.pool_limits_now`: from the
+        classes' `local.slots`, the class file being the one place of that fact, less what other
+        pools' steps hold), given the pools' `limits` now (`pool_limits`)."""
+        for name, limit in wanted.items():
+            if limits.get(name) != limit:
+                self._instance.event_log_storage.set_concurrency_slots(gpu_pool(name), limit)
 
-    def _report_waits(self, classes: Mapping[str, GpuClass], now: float) -> None:
-        """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits end."""
-        waits, claimed = slot_waits(self._instance, classes)
+    def _report_waits(self, classes: Mapping[str, GpuClass], held: Mapping[str, list[dict[str, Any]]],
+                      now: float) -> None:
+        """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits
+        end: a run is `running` once its steps hold their slots (`held`), not when Dagster's pool admits them."""
+        waits = all_waits(self._instance, classes, held)
         by_run: dict[str, list[StepWait]] = defaultdict(list)
         for wait in waits:
             by_run[wait.run_id].append(wait)
         still_waiting: dict[str, DagsterRun] = {}
         for run_id, run_waits in by_run.items():
+            run_waits = [w for w in run_waits if w.gpu_class in classes]
             run = self._instance.get_run_by_id(run_id)
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
                 if self._report_run_waits(run, run_waits, waits, classes, now):
                     still_waiting[run_id] = run
-        holding = {run_id for steps in claimed.values() for run_id, _ in steps} - set(by_run)
+        holding = {r.get("run_id") for records in held.values() for r in records if r.get("run_id")} - set(by_run)
         self._tag_holders(holding, set(by_run), now)  # before the estimates: holders are what the line waits on
         self._estimate(waits, still_waiting, classes, now)
 
@@ -293,7 +319,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                 EngineEventData({"GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
                                  "Position": f"{wait.position} of {wait.waiting}",
                                  "Waiting since": time_tag(wait.since),
-                                 "Slots held by": ", ".join(f"{r[:8]}/{s}" for r, s in wait.holders) or "-"}),
+                                 "Slots held by": ", ".join(f"{r[:8]}/{s}" for r, s in wait.holders) or "-",
+                                 **{f"Class {name} held by": ", ".join(f"{r[:8]}/{s}" for r, s in holders) or "-"
+                                    for name, holders in wait.held_by_class}}),
                 cls=self.__class__, step_key=wait.step_key)
         return True
 

@@ -9,29 +9,40 @@ devices, `local.devices[slot % len(devices)]`, as CUDA_VISIBLE_DEVICES, comma-se
 whose GPUs are partly held by others waits here, saying so in its log.
 
 A Function that accepts several classes in order (`gpu_class=["h100-80gb", "a100-80gb"]`) claims
-a slot of its own pool, `gpu-h100-80gb|a100-80gb`, limited to the classes' slots together, and
-here takes the slots of the first class that has them free.
+a slot of its own pool, `gpu-h100-80gb|a100-80gb`, and here takes the slots of the first class that
+has them free.
+
+The slot locks are also the one record of who holds what: a step writes who it is (run, step,
+request) into each lock file it holds, and a step whose slots are not free leaves a note under
+`waiting/` until it gets them. The coordinator reads both (`held_slots`, `waiting_steps`) -- the
+locks held now from /proc/locks, never by locking -- so a run is `running` only once its step holds
+its slots, and a step that waits here (a choice whose classes are all held) is said to wait.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..classes import GpuClass
-from ..tags import GOT_CLASS_TAG, PLACEMENT_TAG, RunKind
+from ..procfs import flocked
+from ..tags import GOT_CLASS_TAG, PLACEMENT_TAG, RunKind, choice_request
 from .run_plan import choice_note, tag_got_class
+
+
+WAITING_DIR = "waiting"  # under the slot locks' directory: one note per step waiting here for its slots
 
 
 @contextmanager
 def local_slots(accepted: tuple[GpuClass, ...], lock_dir: Path, gpus: int = 1, on_wait: Callable[[str], None] = print,
-                poll_seconds: float = 1.0, report_every: float = 30.0
+                poll_seconds: float = 1.0, report_every: float = 30.0, holder: Mapping[str, str] | None = None
                 ) -> Iterator[tuple[GpuClass, list[int], list[str]]]:
     """Hold `gpus` free local slots of the first class of `accepted` that has them, while the block
     runs; yields (that class, the slots, their devices).
@@ -48,6 +59,8 @@ def local_slots(accepted: tuple[GpuClass, ...], lock_dir: Path, gpus: int = 1, o
         on_wait: where to say that the step waits for slots.
         poll_seconds: how often a waiting step tries again.
         report_every: how often a waiting step says so.
+        holder: who asks (run_id, step_key, request): written into the locks it holds, and into its
+            note under `waiting/` while it waits (`held_slots`, `waiting_steps`).
     """
     lock_dir.mkdir(parents=True, exist_ok=True)
     usable = [c for c in accepted if max(c.local.slots, 1) >= gpus]
@@ -55,32 +68,42 @@ def local_slots(accepted: tuple[GpuClass, ...], lock_dir: Path, gpus: int = 1, o
         raise ValueError(f"{gpus} GPUs asked of class {' or '.join(repr(c.name) for c in accepted)}, which has "
                          f"{' or '.join(str(max(c.local.slots, 1)) for c in accepted)} local slot(s)")
     started = reported = time.monotonic()
-    while True:
-        for gpu_class in usable:
-            held = _try_slots(gpu_class, lock_dir, gpus)
-            if held is None:
-                continue
-            try:
-                devices = gpu_class.local.devices
-                yield gpu_class, [slot for slot, _ in held], (
-                    [devices[slot % len(devices)] for slot, _ in held] if devices else [])
-            finally:
-                _release(held)
-            return
-        if time.monotonic() - reported >= report_every:
-            reported = time.monotonic()
-            on_wait(f"{gpus} local slot(s) of GPU class {' or '.join(repr(c.name) for c in usable)} needed, not "
-                    f"free: held by other steps on this machine (pid {os.getpid()} waited "
-                    f"{reported - started:.0f}s so far)")
-        time.sleep(poll_seconds)
+    note = lock_dir / WAITING_DIR / f"{(holder or {}).get('run_id', os.getpid())}-{(holder or {}).get('step_key', '')}.json"
+    try:
+        while True:
+            for gpu_class in usable:
+                held = _try_slots(gpu_class, lock_dir, gpus, holder)
+                if held is None:
+                    continue
+                note.unlink(missing_ok=True)
+                try:
+                    devices = gpu_class.local.devices
+                    yield gpu_class, [slot for slot, _ in held], (
+                        [devices[slot % len(devices)] for slot, _ in held] if devices else [])
+                finally:
+                    _release(held)
+                return
+            if holder is not None and not note.exists():  # the coordinator says so on the run's page
+                note.parent.mkdir(exist_ok=True)
+                note.write_text(json.dumps({**holder, "gpus": gpus, "since": time.time() - (time.monotonic() - started),
+                                            "classes": [c.name for c in usable]}))
+            if time.monotonic() - reported >= report_every:
+                reported = time.monotonic()
+                on_wait(f"{gpus} local slot(s) of GPU class {' or '.join(repr(c.name) for c in usable)} needed, not "
+                        f"free: held by other steps on this machine (pid {os.getpid()} waited "
+                        f"{reported - started:.0f}s so far)")
+            time.sleep(poll_seconds)
+    finally:
+        note.unlink(missing_ok=True)
 
 
-def _try_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int) -> list[tuple[int, Any]] | None:
-    """The `gpus` lowest free slots of the class, locked; None (and nothing held) when fewer are free:
-    all or none, never sitting on part of what another step needs."""
+def _try_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int,
+               holder: Mapping[str, str] | None = None) -> list[tuple[int, Any]] | None:
+    """The `gpus` lowest free slots of the class, locked (and marked with `holder`); None (and
+    nothing held) when fewer are free: all or none, never sitting on part of what another step needs."""
     held: list[tuple[int, Any]] = []
     for slot in range(max(gpu_class.local.slots, 1)):
-        handle = open(lock_dir / f"{gpu_class.name}.{slot}.lock", "a")
+        handle = open(lock_dir / f"{gpu_class.name}.{slot}.lock", "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -88,9 +111,41 @@ def _try_slots(gpu_class: GpuClass, lock_dir: Path, gpus: int) -> list[tuple[int
             continue
         held.append((slot, handle))
         if len(held) == gpus:
+            for _, locked in held:
+                locked.truncate(0)
+                locked.write(json.dumps({**(holder or {}), "pid": os.getpid(), "since": time.time()}))
+                locked.flush()
             return held
     _release(held)
     return None
+
+
+def held_slots(lock_dir: Path, classes: Iterable[GpuClass]) -> dict[str, list[dict[str, Any]]]:
+    """Who holds each class's local slots now: per class, the record of each held slot (run_id,
+    step_key, request, slot), from the lock files whose lock a process holds (/proc/locks)."""
+    paths = {(c.name, slot): lock_dir / f"{c.name}.{slot}.lock" for c in classes for slot in range(c.local.slots)}
+    locked = flocked(list(paths.values()))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (name, slot), path in paths.items():
+        if path in locked:
+            try:
+                record = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                record = {}  # locked a moment ago, not written yet
+            out.setdefault(name, []).append({**record, "slot": slot})
+    return out
+
+
+def waiting_steps(lock_dir: Path) -> list[dict[str, Any]]:
+    """The steps waiting inside `local_slots` for slots none of their classes has free: their
+    notes (run_id, step_key, request, classes, gpus, since), first waiting first."""
+    notes = []
+    for path in sorted((lock_dir / WAITING_DIR).glob("*.json")):
+        try:
+            notes.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # written or removed this moment
+    return sorted(notes, key=lambda n: n.get("since", 0.0))
 
 
 def _release(held: list[tuple[int, Any]]) -> None:
@@ -150,6 +205,11 @@ class StepClass:
         return matches[0] if len(matches) == 1 else None
 
 
+def slot_dir(instance: Any) -> Path:
+    """Where the embedded instance's slot locks (and the notes of steps waiting for them) live."""
+    return Path(instance.root_directory) / "gpufn-slots"
+
+
 @contextmanager
 def step_slot(context: Any, accepted: tuple[GpuClass, ...], gpus: int = 1) -> Iterator[StepClass]:
     """Embedded mode: hold `gpus` local slots (and their devices) of the first of the Function's
@@ -164,8 +224,11 @@ def step_slot(context: Any, accepted: tuple[GpuClass, ...], gpus: int = 1) -> It
     if not accepted or context.run.tags.get(PLACEMENT_TAG) != RunKind.LOCAL.value:
         yield StepClass(tuple(accepted))
         return
-    lock_dir = Path(context.instance.root_directory) / "gpufn-slots"
-    with local_slots(tuple(accepted), lock_dir, gpus, on_wait=context.log.warning) as (gpu_class, slots, devices):
+    lock_dir = slot_dir(context.instance)
+    holder = {"run_id": context.run.run_id, "step_key": context.get_step_execution_context().step.key,
+              "request": choice_request([c.name for c in accepted])}
+    with local_slots(tuple(accepted), lock_dir, gpus, on_wait=context.log.warning, holder=holder) as (
+            gpu_class, slots, devices):
         before = os.environ.get("CUDA_VISIBLE_DEVICES")
         if devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -28,40 +27,11 @@ from dagster import DagsterInstance, deserialize_value
 
 from ..dagster_private import (EngineEventData, ExecuteRunArgs, InstanceRef, RepositoryPythonOrigin, execute_run_main,
                                recon_repository_from_origin, reuse_alembic_scripts, set_snowflake_partner_env_var)
+from ..loaded_code import changed, loaded_files
 from . import forkserver
 from .executor import default_preloads
 
 MODULE = "gpufn_dagster.run.warm_worker"
-
-
-def loaded_files() -> dict[str, tuple[int, int]]:
-    """The source file of every imported module outside the Python installation (the project's
-    code, editable installs), with its modification time and size."""
-    installed = tuple(sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
-    found = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and not os.path.abspath(path).startswith(installed):
-            try:
-                stat = os.stat(path)
-            except OSError:
-                continue
-            found[path] = (stat.st_mtime_ns, stat.st_size)
-    return found
-
-
-def changed(files: dict[str, tuple[int, int]]) -> list[str]:
-    """Which of `files` (from `loaded_files`) changed or went since."""
-    out = []
-    for path, (mtime, size) in files.items():
-        try:
-            stat = os.stat(path)
-        except OSError:
-            out.append(path)
-            continue
-        if (stat.st_mtime_ns, stat.st_size) != (mtime, size):
-            out.append(path)
-    return out
 
 
 def prepare(origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_name: str) -> dict[str, tuple[int, int]]:

@@ -8,7 +8,7 @@ runs up (each run's verdict from its pod's status, `capacity.pod_verdict`, or it
 the lines per class and ClusterQueue), judges (`capacity.decide`, for every case) and applies the
 decisions as they come -- it decides nothing itself:
 
-- waiting: tag `gpufn/capacity=waiting` (+ `.dagster/gpufn/waiting-since`), an event with the class, the
+- waiting: tag `gpufn/capacity=waiting` (+ `.dagster/gpufn-waiting-since`), an event with the class, the
   request, since when, the scheduler's message verbatim and as a histogram, the run's position
   among runs waiting on the class, and autoscaler reactions (TriggeredScaleUp, NotTriggerScaleUp,
   Karpenter's Nominated);

@@ -18,7 +18,7 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from gpufn_dagster.refresh.warm import host_processes
 
 from ..conftest import wait_for
-from ..helpers import docs_column as column, embedded, finish, said, submit
+from ..helpers import docs_column as column, embedded, event_metadata, finish, said, submit
 
 TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId) { __typename
   ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
@@ -59,6 +59,10 @@ def check_cancel(instance, workspace, queue_pass, root: Path, warm: bool) -> Non
     if warm:
         assert hosts and not set(hosts) & set(host_processes(root))  # its instance's process ended: GPU freed
     print(f"terminate -> CANCELED in {stopped_after:.1f} s")
+    # Its page says what happened, as facts: who, what is kept, how to resume -- not a crash of the Function.
+    (said_so,) = [e for e in event_metadata(instance, run_id) if "Rows checkpointed" in e]
+    assert said_so["Rows checkpointed"] == 4 and said_so["Committed"] == "nothing"  # d0-d3, in calls of 2
+    assert "termination request" in said_so["Terminated by"] and "re-execute" in said_so["Resume"]
 
     first = len(calls(gates))
     (gates / "halt-at").unlink()
@@ -70,4 +74,7 @@ def check_cancel(instance, workspace, queue_pass, root: Path, warm: bool) -> Non
     # The slot and the lease were released: the re-execution starts and finishes at once.
     assert finish(instance, queue_pass, again, timeout=180).status == DagsterRunStatus.SUCCESS, said(instance, again)
     assert calls(gates)[first:] == ["d4", "d5"]  # d0-d3 came from the canceled run's checkpoints
+    (materialized,) = [e.dagster_event.event_specific_data.materialization.metadata
+                       for e in instance.all_logs(again) if e.dagster_event and e.dagster_event.is_step_materialization]
+    assert (materialized["rows_computed"].value, materialized["rows_adopted"].value) == (2, 4)
     assert column("halted") == [f"D{i}" for i in range(6)]

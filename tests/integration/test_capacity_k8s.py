@@ -94,7 +94,7 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     report = watcher.tick()
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.STARTING  # waiting, not failed, not moved elsewhere
-    assert run.tags["gpufn/capacity"] == "waiting" and ".dagster/gpufn/waiting-since" in run.tags
+    assert run.tags["gpufn/capacity"] == "waiting" and ".dagster/gpufn-waiting-since" in run.tags
     (event,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
     assert (event["GPU class"], event["Requested"], event["Position"]) == ("a100-80gb", "2 x nvidia.com/gpu", "1 of 1")
     assert f"{NODES_PER_CLASS} Insufficient nvidia.com/gpu" in event["Scheduler message"]

@@ -198,3 +198,26 @@ def test_yaml_classes_in_order_are_the_same_request_as_pythons(tmp_path, monkeyp
     assert function_of(asset).gpu_classes == ("h100-80gb", "a100-80gb")
     assert asset.op.tags["gpufn/gpu-class"] == "h100-80gb|a100-80gb" and asset.op.pool == "gpu-h100-80gb|a100-80gb"
 
+
+
+def test_dg_check_yaml_refuses_an_unknown_function_field_naming_file_line_and_key(tmp_path):
+    """The FunctionColumn schema refuses unknown keys: `dg check yaml` of the folder names the file,
+    the line and the key (dg 1.13.27 validates one defs.yaml per component type in a whole-project
+    run, so the README says to check each folder)."""
+    package = tmp_path / "typo_project"
+    (package / "defs" / "fn").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "typo-project"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "typo_project"\ndefs_module = "typo_project.defs"\n')
+    (package / "defs" / "fn" / "defs.yaml").write_text(
+        "type: gpufn_dagster.components.FunctionColumn\nattributes:\n  table: docs\n  column: n\n"
+        "  function: docs_pipeline.udfs:count_words\n  gpu_cont: 1\n")
+    env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1]), "DAGSTER_HOME": str(tmp_path),
+           "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    done = subprocess.run([str(Path(sys.executable).with_name("dg")), "check", "yaml", "typo_project/defs/fn"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "defs/fn/defs.yaml:6" in out and "'gpu_cont' was unexpected" in out, out[-3000:]

@@ -149,25 +149,25 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     assert run.status == DagsterRunStatus.STARTING  # waiting: not failed, not orphaned
     assert job_suspended(cluster, namespace, second)
     assert not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={second}").items
-    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"], run.tags[".dagster/gpufn/kueue"]) == (
+    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"], run.tags[".dagster/gpufn-kueue"]) == (
         "waiting", "KueuePending", "pending")
     said = events(instance, second)
     wait = next((m for m in said if "Waiting for GPU capacity" in m), said)
     assert f"position 1 of 1 in ClusterQueue {queue}" in wait, wait
     assert pending["message"] in wait, wait  # Kueue's message verbatim
-    assert run.tags[".dagster/gpufn/wait-estimate"] == "unknown"  # this instance has no finished run of the work yet
+    assert run.tags[".dagster/gpufn-wait-estimate"] == "unknown"  # this instance has no finished run of the work yet
     assert any("Wait estimate: unknown (0 runs ahead on l4" in m and "no finished run of frames__emb_l4" in m
                for m in events(instance, second)), events(instance, second)
     # Dagster's run monitoring sees a suspended Job as a worker still starting, not a failed one.
     assert instance.run_launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
-    assert instance.get_run_by_id(first).tags[".dagster/gpufn/kueue"] == "admitted"
+    assert instance.get_run_by_id(first).tags[".dagster/gpufn-kueue"] == "admitted"
 
     instance.run_launcher.terminate(first)  # its Job goes, and with it the quota it held
     condition(cluster, namespace, second, "Admitted")
     running_pod(core, namespace, second)
     watcher.tick()
     run = instance.get_run_by_id(second)
-    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/kueue"]) == ("scheduled", "admitted")
+    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-kueue"]) == ("scheduled", "admitted")
     said = event_metadata(instance, second)
     assert [m["ClusterQueue"] for m in said if "ClusterQueue" in m] == [queue], said
     assert [m["Node"].startswith("l4-") for m in said if "Node" in m] == [True], said
@@ -189,7 +189,7 @@ def test_waiting_runs_are_admitted_by_dagster_priority_and_a_higher_one_preempts
     watcher.tick()
     run = instance.get_run_by_id(low)
     assert run.status == DagsterRunStatus.STARTING  # preempted: it waits again, it did not fail
-    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"], run.tags[".dagster/gpufn/kueue"]) == (
+    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"], run.tags[".dagster/gpufn-kueue"]) == (
         "waiting", "KueuePreempted", "preempted")
     said = next(m for m in events(instance, low) if "Waiting for GPU capacity" in m)
     assert "Kueue preempted it (it waits to be admitted again; its code did not fail)" in said, said
@@ -280,7 +280,7 @@ def test_a_fanned_out_refresh_whose_shard_jobs_kueue_holds_back_names_the_waitin
     said = [m for m in events(instance, run.run_id) if "Waiting for GPU capacity" in m]
     assert len(said) == 1 and said[0].startswith("[CapacityWatcher] Step frames__emb_wide.frames__emb_wide_shard-shard_1: Waiting"), said
     assert "insufficient unused quota for nvidia.com/gpu in flavor l4" in said[0], said
-    assert instance.get_run_by_id(run.run_id).tags[".dagster/gpufn/capacity-reason"] == "KueuePending"
+    assert instance.get_run_by_id(run.run_id).tags[".dagster/gpufn-capacity-reason"] == "KueuePending"
 
 
 def test_a_shard_job_of_a_run_of_dagster_priority_10_carries_the_high_priority_class(cluster, namespace, queue,
@@ -312,7 +312,7 @@ def test_a_queue_whose_maximum_capacity_can_never_hold_the_run_fails_it_as_never
     watcher.tick()
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.FAILURE  # not KueuePending until a max_wait nobody set
-    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
+    assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"]) == ("never-fits", "NeverFits")
     failure = next(m for m in events(instance, run_id) if "can never start" in m)
     assert f"ClusterQueue {empty_queue} can never admit it" in failure and pending["message"] in failure, failure
     batch = kubernetes.client.BatchV1Api(cluster.api_client())
@@ -324,15 +324,17 @@ def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_pa
         cluster, core, namespace, queue, instance, watcher):
     import time
 
-    holder = materialize(instance, "frames__emb_l4")
+    # The holder's high priority: no run that joins later preempts it. The waiting ones' low priority:
+    # a run of normal priority that joins later goes ahead of them.
+    holder = materialize(instance, "frames__emb_l4", tags={"dagster/priority": "10"})
     condition(cluster, namespace, holder, "Admitted")
-    waiting = [materialize(instance, "frames__emb_l4") for _ in range(3)]
+    waiting = [materialize(instance, "frames__emb_l4", tags={"dagster/priority": "-10"}) for _ in range(3)]
     for run_id in waiting:
         workload(cluster, namespace, run_id)
     condition(cluster, namespace, waiting[0], "QuotaReserved", "False")
     now = time.time()
     watcher.tick(now=now)
-    first = {r: instance.get_run_by_id(r).tags.get(".dagster/gpufn/queue-position") for r in waiting}
+    first = {r: instance.get_run_by_id(r).tags.get(".dagster/gpufn-queue-position") for r in waiting}
     assert sorted(first.values()) == ["1 of 3", "2 of 3", "3 of 3"], first  # not "position 1" for all
     ahead = next(r for r, p in first.items() if p == "1 of 3")
     instance.run_launcher.terminate(ahead)  # the first in line leaves
@@ -341,7 +343,7 @@ def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_pa
         o["name"] == f"dagster-run-{ahead}" for o in w["metadata"].get("ownerReferences", []))],
         what="the Workload of the run that left", timeout=60)
     watcher.tick(now=now + 30)  # the tags follow at once...
-    moved = {r: instance.get_run_by_id(r).tags[".dagster/gpufn/queue-position"] for r in rest}
+    moved = {r: instance.get_run_by_id(r).tags[".dagster/gpufn-queue-position"] for r in rest}
     assert sorted(moved.values()) == ["1 of 2", "2 of 2"], moved
     assert not any("now position" in m for r in rest for m in events(instance, r))  # ...the page within a minute
     watcher.tick(now=now + 120)
@@ -361,6 +363,15 @@ def test_a_waiting_runs_position_follows_the_clusterqueue_line_in_its_tag_and_pa
     still = sum("Still waiting" in m for r in rest for m in events(instance, r))
     watcher.tick(now=now + 300)  # nothing moved since: the place is not said again
     assert sum("Still waiting" in m for r in rest for m in events(instance, r)) == still
+
+    # A run that joins ahead moves them back just as at once; their pages, told over a minute ago, hear it now.
+    joined = materialize(instance, "frames__emb_l4")
+    workload(cluster, namespace, joined)
+    watcher.tick(now=now + 310)
+    back = {r: instance.get_run_by_id(r).tags[".dagster/gpufn-queue-position"] for r in [joined, *rest]}
+    assert back[joined] == "1 of 3" and {back[r] for r in rest} == {"2 of 3", "3 of 3"}, back
+    for run_id in rest:
+        assert [m["Position"] for m in event_metadata(instance, run_id) if "Position" in m][-1] == back[run_id]
 
 
 def _workloads(cluster, namespace: str) -> list[dict]:

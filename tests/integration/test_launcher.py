@@ -37,7 +37,7 @@ def test_gpu_run_lands_on_its_class_pool_with_limits_and_tolerations(cluster, na
     run_id = materialize(instance, "frames__emb_a100")
     run = instance.get_run_by_id(run_id)
     assert run.tags.get("gpufn/gpu-class") == "a100-80gb", (run.status, run.tags, [e.message for e in instance.all_logs(run_id)])
-    assert run.tags[".dagster/gpufn/gpu-count"] == "2"
+    assert run.tags[".dagster/gpufn-gpu-count"] == "2"
     pod, node = job_pod(cluster, namespace, run_id)
     assert node.metadata.labels["gpufn.dev/pool"] == "a100-80gb"
     container = pod.spec.containers[0]

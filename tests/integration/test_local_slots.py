@@ -77,10 +77,12 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
 
         queue_pass()  # the pass that describes the wait on the run's page and in its tags
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "waiting" and run.tags[".dagster/gpufn/capacity-reason"] == "LocalSlotsInUse"
-        assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags[".dagster/gpufn/waiting-since"]
-        holder = instance.get_run_by_id(first).tags  # the runs list shows who has the GPU
-        assert (holder["gpufn/capacity"], holder[".dagster/gpufn/capacity-reason"]) == ("running", "SlotAcquired")
+        assert run.tags["gpufn/capacity"] == "waiting" and run.tags[".dagster/gpufn-capacity-reason"] == "LocalSlotsInUse"
+        assert run.tags["gpufn/gpu-class"] == "default" and "T" in run.tags[".dagster/gpufn-waiting-since"]
+        # the runs list shows who has the GPU: `running` once its step holds the slot (its lock), a pass later at most
+        holder = wait_for(lambda: (queue_pass(), instance.get_run_by_id(first).tags)[1].get("gpufn/capacity") and
+                          instance.get_run_by_id(first).tags, timeout=120, what="the holder's step holding its slot")
+        assert (holder["gpufn/capacity"], holder[".dagster/gpufn-capacity-reason"]) == ("running", "SlotAcquired")
         said = [m for m in event_metadata(instance, second) if "Local slots" in m]
         assert [(m["GPU class"], m["Local slots"], m["Position"], m["Slots held by"]) for m in said] \
             == [("default", 1, "1 of 1", f"{first[:8]}/docs__slow")], said
@@ -106,9 +108,10 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
         wait_for(lambda: instance.get_run_by_id(first).status == DagsterRunStatus.SUCCESS, timeout=240,
                  what="first run done")
         wait_for(lambda: not pending(instance), timeout=120, what="the second run's step got the freed slot")
-        queue_pass()  # the wait ended: the run's page and tags say so
-        run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "running" and run.tags[".dagster/gpufn/capacity-reason"] == "SlotAcquired"
+        # the wait ended: the run's page and tags say so once its step holds the slot (a pass later at most)
+        run = wait_for(lambda: (queue_pass(), instance.get_run_by_id(second))[1].tags.get("gpufn/capacity") == "running"
+                       and instance.get_run_by_id(second), timeout=120, what="the second run's step holding the slot")
+        assert run.tags["gpufn/capacity"] == "running" and run.tags[".dagster/gpufn-capacity-reason"] == "SlotAcquired"
         (waited,) = [m["Waited seconds"] for m in event_metadata(instance, second) if "Waited seconds" in m]
         assert 0 < waited < time.time() - instance.get_run_record_by_id(second).create_timestamp.timestamp()
         open_gate(2)
@@ -116,7 +119,7 @@ def test_gpu_step_beyond_local_slots_waits_in_its_started_run_then_runs(tmp_path
                  what="second run done")
         queue_pass()  # both runs ended: the tags say the present
         run = instance.get_run_by_id(second)
-        assert run.tags["gpufn/capacity"] == "released" and run.tags[".dagster/gpufn/capacity-reason"] == "RunEnded"
+        assert run.tags["gpufn/capacity"] == "released" and run.tags[".dagster/gpufn-capacity-reason"] == "RunEnded"
         logs = " ".join(e.user_message for e in instance.all_logs(second))
         assert "local GPU slot 0 of class 'default', CUDA_VISIBLE_DEVICES=3" in logs
         # The Function ran with its slot's device visible (class default: local.devices = ["3"]).
@@ -203,7 +206,7 @@ def test_a_local_wait_past_max_wait_ends_the_run(tmp_path, monkeypatch, classes_
         wait_for(ended, timeout=120, what="the waiting run ended")
         run = instance.get_run_by_id(second)
         assert run.status == DagsterRunStatus.CANCELED and run.tags["gpufn/capacity"] == "timed-out"
-        assert run.tags[".dagster/gpufn/capacity-reason"] == "MaxWaitExceeded"
+        assert run.tags[".dagster/gpufn-capacity-reason"] == "MaxWaitExceeded"
         (gave_up,) = [m for m in event_metadata(instance, second) if "max_wait seconds" in m]
         assert (gave_up["GPU class"], gave_up["max_wait seconds"]) == ("default", 3) and gave_up["Waited seconds"] >= 3
         assert instance.get_run_by_id(first).status == DagsterRunStatus.STARTED  # the one holding the slot is left be
@@ -248,7 +251,7 @@ def test_a_step_asking_for_more_gpus_than_local_slots_fails_at_once_as_never_fit
                   max_gpu_count_per_worker=2, local={"slots": 1}) as (instance, workspace, _, _open_gate):
         run = instance.get_run_by_id(submit(workspace, "docs__pair"))
         assert run.status == DagsterRunStatus.FAILURE  # not waiting forever
-        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"]) == ("never-fits", "NeverFits")
+        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"]) == ("never-fits", "NeverFits")
         assert ("a step asks for 2 GPUs of class 'default', whose local.slots is 1 (a slot is one GPU)"
                 in messages(instance, run.run_id))
 
@@ -267,7 +270,7 @@ def test_a_broken_class_file_holds_only_gpu_runs_and_fixing_it_lets_them_go_with
                  what="the CPU run to succeed while the class files are broken")
         run = instance.get_run_by_id(gpu)
         assert run.status == DagsterRunStatus.QUEUED  # held: neither failed nor started
-        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn/capacity-reason"]) == ("waiting", "ClassesInvalid")
+        assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"]) == ("waiting", "ClassesInvalid")
         said = messages(instance, gpu)
         assert "Held in the queue: its GPU steps need a GPU class and the class files do not load" in said, said
         assert f"{l4}: class 'l4': field 'gpu_memroy': unknown field (did you mean 'gpu_memory'?)" in said, said
@@ -293,12 +296,14 @@ def test_a_function_accepting_two_classes_takes_the_first_with_a_free_slot_and_s
         wait_for(lambda: (gates / "ticket-1").exists(), timeout=180, what="docs__slow computing on default's slot")
         second = submit(workspace, "docs__either")  # accepts default, then l4: default's one slot is held
         assert instance.get_run_by_id(second).tags["gpufn/gpu-class"] == "default|l4"
-        assert instance.event_log_storage.get_concurrency_info("gpu-default|l4").slot_count == 2  # both classes' slots
+        # one count: default's slot is held by docs__slow, so the choice's pool admits one step (l4's free slot)
+        assert instance.event_log_storage.get_concurrency_info("gpu-default|l4").slot_count == 1
         queue_pass()
         wait_for(lambda: (gates / "ticket-2").exists(), timeout=180, what="docs__either computing")
         assert instance.get_run_by_id(second).tags["gpufn/gpu-class-got"] == "l4"
         gauges = {g.gpu_class: g for g in embedded_class_gauges(instance, load_gpu_classes(classes_dir), time.time())}
-        assert (gauges["default|l4"].capacity, gauges["default|l4"].in_use) == (2, 1)  # the choice's own line
+        # the choice's own line: its classes' slots together, held by any step (one count with the classes' lines)
+        assert (gauges["default|l4"].capacity, gauges["default|l4"].in_use) == (2, 2)
         assert gauges["default"].in_use == 1  # docs__slow
         open_gate(1)
         open_gate(2)
@@ -320,3 +325,46 @@ def test_a_function_accepting_two_classes_takes_the_first_with_a_free_slot_and_s
         open_gate(4)
         assert finish(instance, queue_pass, third).status == DagsterRunStatus.SUCCESS
         assert instance.get_run_by_id(third).tags["gpufn/gpu-class-got"] in {"default", "default,l4"}
+
+
+def test_a_choice_whose_classes_are_all_held_waits_as_it_says_and_runs_once_its_step_holds_a_slot(
+        tmp_path, monkeypatch, classes_dir):
+    """Both classes of `default|l4` held by single-class runs: the choice's run is tagged waiting (never
+    running) and its page names every class of the choice and who holds each; once one frees, its
+    step takes it, and only then is the run running."""
+    l4 = yaml.safe_load((classes_dir / "l4.yaml").read_text())
+    (classes_dir / "l4.yaml").write_text(yaml.safe_dump({**l4, "local": {"slots": 1, "devices": ["7"]}}))
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=DEFS.with_name("local_choice_defs.py"),
+                  local={"slots": 1, "devices": ["3"]}) as (instance, workspace, queue_pass, open_gate):
+        gates = Path(os.environ["GPUFN_TEST_GATES"])
+        holders = [submit(workspace, "docs__slow"), submit(workspace, "docs__on_l4")]
+        queue_pass()
+        wait_for(lambda: (queue_pass(), (gates / "ticket-2").exists())[1], timeout=240,
+                 what="both single-class runs computing, each on its class's one slot")
+        choice = submit(workspace, "docs__either")
+        states = []
+
+        def waiting_said() -> list[dict]:
+            queue_pass()
+            states.append(instance.get_run_by_id(choice).tags.get("gpufn/capacity"))
+            return [m for m in event_metadata(instance, choice) if m.get("GPU class") == "default|l4"]
+
+        (said_so, *_) = wait_for(waiting_said, timeout=240, what="the choice's wait said on its page")
+        assert instance.get_run_by_id(choice).tags["gpufn/capacity"] == "waiting"
+        assert instance.get_run_by_id(choice).tags[".dagster/gpufn-capacity-reason"] == "LocalSlotsInUse"
+        assert holders[0][:8] in said_so["Class default held by"] and holders[1][:8] in said_so["Class l4 held by"]
+        for _ in range(4):  # it stays waiting while both are held
+            queue_pass()
+            time.sleep(0.5)
+        assert "running" not in states + [instance.get_run_by_id(choice).tags.get("gpufn/capacity")], states
+
+        open_gate(1)  # the first holder ends: its class's slot frees, and the choice's step takes it
+        wait_for(lambda: (queue_pass(), (gates / "ticket-3").exists())[1], timeout=240,
+                 what="the choice's step computing on the freed slot")
+        wait_for(lambda: (queue_pass(), instance.get_run_by_id(choice).tags.get("gpufn/capacity") == "running")[1],
+                 timeout=60, what="the choice's run tagged running once its step holds a slot")
+        assert instance.get_run_by_id(choice).tags["gpufn/gpu-class-got"] in {"default", "l4"}
+        open_gate(2)
+        open_gate(3)
+        for run_id in (*holders, choice):
+            assert finish(instance, queue_pass, run_id).status == DagsterRunStatus.SUCCESS

@@ -23,6 +23,7 @@ from gpufn_dagster.assets.checks import function_checks
 from gpufn_dagster.assets.triggers import table_sensor, unfilled_rows_sensor
 from gpufn_dagster.assets.resources import LanceDBResource
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
+from gpufn_dagster import errors as gpufn_errors
 from gpufn_dagster.errors import FunctionDefinitionError
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._daemon.backfill import execute_backfill_iteration
@@ -156,6 +157,49 @@ def test_a_partition_column_the_table_lacks_or_cannot_hold_is_refused_at_load(db
         build_definitions(assets=[tenfold, monthly], db_uri=db_uri)
 
 
+NUMBERS = dg.DynamicPartitionsDefinition(name="numbers")
+
+
+@gpu_function(table="docs", column="by_number", output_type=pa.int64(), partitions_def=NUMBERS, partition_column="id",
+              name="by_number")
+def by_number(id: pa.Array) -> pa.Array:  # noqa: A002
+    CALLED.extend(id.to_pylist())
+    return pa.compute.add(id, 100)
+
+
+def test_an_integer_key_spelled_otherwise_is_refused_at_load_or_when_its_run_starts_never_sharing_a_slice(db_uri):
+    """`int()` reads "+10", "1_0" and " 10" as 10: before, each of those keys selected key "10"'s rows."""
+    _docs(db_uri)
+
+    @gpu_function(table="docs", column="s", output_type=pa.int64(), name="static_numbers", partition_column="id",
+                  partitions_def=dg.StaticPartitionsDefinition(["10", "+10", " 10", "11"]))
+    def static_numbers(id: pa.Array) -> pa.Array:  # noqa: A002
+        return id
+
+    with pytest.raises(FunctionDefinitionError) as err:  # static keys: when the definitions load
+        build_definitions(assets=[static_numbers], db_uri=db_uri)
+    refused = [line.split("partition key ")[1].split(" cannot")[0] for line in str(err.value).splitlines()]
+    assert refused == ["'+10'", "' 10'"], str(err.value)
+    assert all(line.startswith("Function 'static_numbers': field 'partition_column': ")
+               for line in str(err.value).splitlines())
+
+    # Dynamic keys: when a run of one starts, before the Function computes anything.
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("numbers", ["10", "1_0"])
+    defs = build_definitions(assets=[by_number], db_uri=db_uri)
+    failed = dg.materialize(list(defs.assets), resources=defs.resources, instance=instance, partition_key="1_0",
+                            raise_on_error=False)
+    (failure,) = failed.get_step_failure_events()
+    error = failure.event_specific_data.error.cause
+    assert issubclass(getattr(gpufn_errors, error.cls_name), FunctionDefinitionError), error.cls_name
+    assert error.message.split(": ", 1)[1].startswith(
+        "Function 'by_number': field 'partition_column': partition key '1_0' cannot be written as a filter on "
+        "column 'id' (int64)"), error.message
+    assert CALLED == [] and "by_number" not in lancedb.connect(db_uri).open_table("docs").schema.names
+    _materialize(db_uri, by_number, "10", instance)
+    assert CALLED == [10] and {k: v for k, v in _column(db_uri, "by_number").items() if v is not None} == {10: 110}
+
+
 # --- backfills through Dagster's own daemons ---
 
 
@@ -239,6 +283,14 @@ def test_a_single_run_backfill_is_one_run_whose_refresh_fans_out_and_commits_onc
             i: 3 * i for i in range(600, 3600)}
         status = instance.get_status_by_partition(dg.AssetKey("events__triple"), DAYS_20.get_partition_keys(), DAYS_20)
         assert {k for k, s in status.items() if s == dg.AssetPartitionStatus.MATERIALIZED} == set(keys)
+        # each partition's materialization says its own rows and filter, not the range's
+        records = instance.fetch_materializations(dg.AssetKey("events__triple"), limit=100).records
+        own = {r.asset_materialization.partition: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+               for r in records}
+        assert sorted(own) == keys
+        assert {k: (m["rows_checked"], m["rows_computed"], m["rows_failed"]) for k, m in own.items()} == \
+            dict.fromkeys(keys, (300, 300, 0))
+        assert all(key in m["partition_filter"] and len(m["partition_filter"]) < 80 for key, m in own.items())
 
 
 # --- sensors: one run per changed partition ---

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,45 @@ def test_readme_python_snippets_run_as_written(tmp_path):
                           env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == "['docs', 'docs__embedding', 'docs__word_count', 'docs_en']"
+
+
+SEND = """
+import pickle, sys
+import dagster as dg
+import readme_example
+from gpufn_dagster import function_of
+found = {function_of(v).name: pickle.dumps(function_of(v)) for v in vars(readme_example).values()
+         if isinstance(v, dg.AssetsDefinition) and function_of(v) is not None}
+pickle.dump(found, open(sys.argv[1], "wb"))
+"""
+RECEIVE = """
+import json, pickle, sys
+import pyarrow as pa
+sent = pickle.load(open(sys.argv[1], "rb"))
+functions = {name: pickle.loads(data) for name, data in sent.items()}  # a fresh process: by where each is defined
+embed = functions["docs__embedding"].open()
+vectors = embed(text=pa.array(["a short document", "another one"]))
+counts = functions["docs__word_count"].open()(text="three words here")
+print(json.dumps([sorted(functions), len(vectors), len(vectors[0]), counts]))
+"""
+
+
+def test_every_function_the_readme_declares_can_be_sent_to_another_process_and_computes_there(tmp_path):
+    """What keeps a Function warm (its slot's own process) works for every form the README writes:
+    each Function its blocks declare -- `@gpu_function` on a class and on a def, `gpu_function(...)(f)`
+    of a `lancedb.udf` -- is sent by where it is defined, and a fresh process that imports the
+    README's code computes with it (the example's MiniLM embedder among them)."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (tmp_path / "readme_example.py").write_text("\n".join(blocks))
+    env = {**os.environ, "GPUFN_LANCEDB_URI": str(tmp_path / "lancedb"), "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    sent = tmp_path / "sent.pickle"
+    for script in (SEND, RECEIVE):
+        done = subprocess.run([sys.executable, "-c", script, str(sent)], cwd=REPO, capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    names, rows, width, words = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"docs__embedding", "docs__word_count", "docs__n_chars", "docs__vector", "docs__loud"} <= set(names)
+    assert (rows, width, words) == (2, 384, 3)
 
 
 def _marked(mark: str) -> list[int]:

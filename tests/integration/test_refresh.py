@@ -13,11 +13,13 @@ import textwrap
 import time
 from pathlib import Path
 
+import lance
 import lancedb
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpufn_dagster import function_of, gpu_function, refresh_column
+from gpufn_dagster import function_of, gpu_function, make_function, refresh_column
 from gpufn_dagster.assets.reporting import ERRORS_TABLE
 from gpufn_dagster.refresh.files import TableFiles
 from tests.storages import STORAGES
@@ -160,6 +162,30 @@ def test_progress_is_logged_with_rate_and_time_left(db_uri):
                    report_every=0.01)
     assert any("rows checked" in line and "rows/s" in line and "left" in line for line in lines)
     assert lines[-1].startswith("100/100 rows checked, 100 computed, 0 failed")
+
+
+CALL_SIZES: list[int] = []
+
+
+def doubled(x: pa.Array) -> pa.Array:
+    CALL_SIZES.append(len(x))
+    return pa.compute.multiply(x, 2)
+
+
+def test_a_batch_size_above_65536_grows_to_calls_of_its_size_on_a_fragment_of_400000_rows(tmp_path):
+    """BENCHMARKS.md's 262,144-row calls: the probe's calls grow 4x a step while reads come 1,024
+    rows at a time, so a 262,144-row call waits for 256 reads; before, a call was cut once 65,536
+    rows were read and asked for more rows than that (IndexError: pop from an empty deque)."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"x": pa.array(np.arange(400_000, dtype=np.int64))}), uri)
+    assert len(lance.dataset(uri).get_fragments()) == 1
+    CALL_SIZES.clear()
+    result = refresh_column(uri, make_function(doubled, table="t", column="y", output_type=pa.int64(),
+                                               batch_size=262_144))
+    assert (result.rows_computed, result.rows_failed) == (400_000, 0)
+    assert max(CALL_SIZES) == 262_144 and sum(CALL_SIZES) == 400_000, CALL_SIZES
+    table = lance.dataset(uri).to_table(columns=["x", "y"])
+    assert np.array_equal(table.column("y").to_numpy(), 2 * table.column("x").to_numpy())
 
 
 class SlowModel:

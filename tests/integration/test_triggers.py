@@ -124,7 +124,7 @@ def test_sensor_runs_go_through_the_daemon_without_duplicates(db_uri, monkeypatc
     with instance_for_test() as instance:
         with create_test_daemon_workspace_context(target, instance) as workspace:
             tick(workspace)
-            assert [r.tags[".dagster/gpufn/table-version"] for r in instance.get_runs()] == ["1"]
+            assert [r.tags[".dagster/gpufn-table-version"] for r in instance.get_runs()] == ["1"]
             add_docs(db_uri, 10, 3)
             tick(workspace)  # the run for version 1 is still in progress: it may yet read version 2
             assert len(instance.get_runs()) == 1
@@ -135,7 +135,7 @@ def test_sensor_runs_go_through_the_daemon_without_duplicates(db_uri, monkeypatc
         with create_test_daemon_workspace_context(target, instance) as workspace:
             tick(workspace)
         runs = instance.get_runs()
-        assert sorted(r.tags[".dagster/gpufn/table-version"] for r in runs) == ["1", "2"]
+        assert sorted(r.tags[".dagster/gpufn-table-version"] for r in runs) == ["1", "2"]
         assert all(r.tags["gpufn/gpu-class"] == "l4" for r in runs)
 
 
@@ -188,7 +188,7 @@ def test_unfilled_rows_sensor_waits_for_the_threshold(db_uri, upper_asset):
         assert "10 unfilled rows in 'docs', below the threshold of 20" in skipped.skip_message
         add_docs(db_uri, 10, 15)
         (request,) = evaluate(sensor, instance, db_uri, None).run_requests
-        assert request.tags[".dagster/gpufn/unfilled-rows"] == "25"
+        assert request.tags[".dagster/gpufn-unfilled-rows"] == "25"
         defs = build_definitions(assets=[upper_asset], db_uri=db_uri)
         assert dg.materialize([upper_asset], resources=defs.resources, instance=instance).success
         assert "0 unfilled rows" in evaluate(sensor, instance, db_uri, None).skip_message

@@ -11,9 +11,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
-from gpufn_dagster import make_function
+from gpufn_dagster import build_definitions, gpu_function, make_function
+from gpufn_dagster.function_spec import code_version
+
+from ..helpers import make_docs
 
 UDF = '''
 import os
@@ -97,4 +101,98 @@ def test_digests_made_by_many_threads_at_once_are_all_the_same(tmp_path, monkeyp
         thread.join(timeout=120)
     assert not errors and len(results) == 160 and len(set(results)) == 1
     for name in ("pkg", "pkg.udf", "pkg.helpers"):
+        sys.modules.pop(name, None)
+
+
+# A module as large as a real model's (many definitions), a class Function in it and a row Function:
+# `inspect.getsource` of the class parses the whole file, a long conversion into `ast` objects.
+BIG_UDFS = "".join(f"def helper_{i}(x):\n    return [x + {i} for _ in range(3)] if x else {{'a': (x, {i})}}\n\n\n"
+                   for i in range(600)) + textwrap.dedent("""
+    SUFFIX = "!"
+
+
+    class Embed:
+        def __init__(self, suffix: str = SUFFIX):
+            self.suffix = suffix
+
+        def __call__(self, text: str) -> str:
+            return helper_1(len(text)) and text + self.suffix
+
+
+    def shout(text: str) -> str:
+        return text.upper() + SUFFIX
+""")
+
+
+class _Finalized:
+    """Cyclic garbage with a finalizer, as a Dagster process makes plenty of: the collector runs
+    its Python code in whichever thread allocates, mid-way through that thread's AST conversion,
+    and another thread can take over there."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        sum(range(100))
+
+
+def _at_depth(depth: int, call):
+    """`call()` `depth` frames down: threads start their conversions at other stack depths, as
+    Dagster's threads do, which is what the interpreter-wide counter trips on."""
+    return _at_depth(depth - 1, call) if depth else call()
+
+
+def test_parses_digests_and_definition_loads_in_many_threads_at_once_never_trip_the_ast_builder(
+        tmp_path, monkeypatch, db_uri):
+    """CPython 3.11's AST builder counts its recursion in one counter per interpreter; without the
+    package's one parse lock around every parse it causes, this fails in every run (SystemError:
+    AST constructor recursion depth mismatch)."""
+    root = tmp_path / "big"
+    (root / "bigpkg").mkdir(parents=True)
+    (root / "bigpkg" / "__init__.py").write_text("")
+    (root / "bigpkg" / "udfs.py").write_text(BIG_UDFS)
+    monkeypatch.syspath_prepend(str(root))
+    import bigpkg.udfs as udfs  # noqa: PLC0415 -- the project made above
+
+    make_docs(db_uri, 3)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def guarded(work, depth: int):
+        def run() -> None:
+            try:
+                for _ in range(2):
+                    _at_depth(depth, work)
+            except BaseException as err:  # noqa: BLE001 -- any error fails the test, with its kind
+                errors.append(err)
+        return threading.Thread(target=run)
+
+    def garbage() -> None:
+        while not stop.is_set():
+            for _ in range(50):
+                _Finalized()
+            time.sleep(0)
+
+    work = [
+        (lambda: make_function(udfs.Embed, table="docs", column="embed"), 0),  # a digest parses the class's file
+        (lambda: make_function(udfs.Embed, table="docs", column="embed"), 9),
+        (lambda: build_definitions(assets=[gpu_function(table="docs", column="shout")(udfs.shout)], db_uri=db_uri), 4),
+        (lambda: code_version.parse(BIG_UDFS), 5),
+        (lambda: code_version.getsource(udfs.Embed), 13),
+        (lambda: code_version.getsourcelines(udfs.Embed), 21),
+        (lambda: code_version.signature(dict.get), 17),  # a builtin's text signature is parsed
+    ]
+    for _ in range(3):
+        collector = threading.Thread(target=garbage)
+        threads = [guarded(call, depth) for call, depth in work]
+        collector.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        stop.set()
+        collector.join()
+        stop.clear()
+        assert [type(e) for e in errors] == [], errors[:1]
+    for name in ("bigpkg", "bigpkg.udfs"):
         sys.modules.pop(name, None)

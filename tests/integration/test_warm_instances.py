@@ -5,6 +5,8 @@ versions never share one; an instance's crash fails only the step using it; an i
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 from pathlib import Path
 
@@ -127,13 +129,14 @@ def test_a_slot_makes_room_only_among_its_own_instances(tmp_path, monkeypatch):
 
     monkeypatch.setenv("GPUFN_LANCEDB_URI", str(tmp_path / "lancedb"))  # warm_defs' table, for its definitions
     lancedb.connect(tmp_path / "lancedb").create_table("docs", pa.table({"id": [0], "text": ["a"]}))
-    from . import warm_defs
+    monkeypatch.syspath_prepend(str(WARM_DEFS.parent))  # as a code location loads it
+    warm_defs = importlib.import_module("warm_defs")
 
     monkeypatch.setenv("GPUFN_TEST_LOADS", str(tmp_path / "loads.log"))
     monkeypatch.setenv("GPUFN_TEST_CALLS", str(tmp_path / "calls.log"))
     one_each = GpuClass(name="default", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1,
                         local={"slots": 2, "warm": {"idle": "300s", "instances": 1}})
-    function, said = function_of(warm_defs.tagged), []
+    function, said = function_of(warm_defs.Tagged), []
     first, second = (WarmInstance(function, Slot(one_each, i, "", tmp_path / "warm"), said.append) for i in (0, 1))
     try:
         first.ready(Progress(), None)
@@ -202,3 +205,54 @@ def test_a_function_that_cannot_be_sent_to_another_process_loads_in_its_step_and
     assert done.status == DagsterRunStatus.SUCCESS, said(instance, done.run_id)[-3000:]
     assert "docs__closure: loaded in this step, not kept warm: its callable cannot be sent" in said(instance, done.run_id)
     assert registered(directory) == [] and column("closure") == {i: f"d{i}!" for i in range(6)}
+
+
+@pytest.mark.parametrize(("asset", "suffix"), [
+    ("docs__tagged", "#v1"),      # @gpu_function on a class
+    ("docs__marked", "#def"),     # @gpu_function on a def
+    ("docs__retagged", "#v2"),    # gpu_function(...)(cls)
+    ("docs__counted", None),      # a lancedb.udf
+    ("docs__yamled", "#yaml"),    # a YAML FunctionColumn
+])
+def test_every_form_the_readme_writes_is_kept_warm(warm, asset, suffix):
+    """The decorators rebind the module's name to the asset (or lancedb.udf to its wrapper): the
+    callable still travels to its slot's process, and the next run reuses that process."""
+    instance, run, loads, calls, directory = warm({"idle": "300s"})
+    first = run(asset)
+    assert first.status == DagsterRunStatus.SUCCESS, said(instance, first.run_id)[-3000:]
+    (record,) = registered(directory)  # kept: loaded in a process of its own
+    assert {int(pid) for pid, _ in calls()} == {record["pid"]}
+    add_rows(6, 4)
+    second = run(asset)
+    assert second.status == DagsterRunStatus.SUCCESS, said(instance, second.run_id)[-3000:]
+    meta = materialized(instance, second.run_id)
+    assert meta["load_seconds"] == 0.0 and meta["rows_computed"] == 4
+    assert {int(pid) for pid, _ in calls()} == {record["pid"]}  # the second run's rows too
+    assert [r["pid"] for r in registered(directory)] == [record["pid"]]
+    name = asset.split("__")[1]
+    expected = {i: (len(f"d{i}") if suffix is None else f"d{i}{suffix}") for i in range(10)}
+    assert column(name) == expected
+
+
+def test_an_instance_never_serves_a_step_whose_settings_changed(warm, tmp_path, monkeypatch):
+    """A `.env` value the Function's module reads when it loads changes between two runs: the Function
+    version stays (it counts code, not values), but the next step loads a fresh instance, ends the
+    outdated one, and computes with the new setting."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.setenv("DAGSTER_PROJECT_ENV_FILE_PATHS", json.dumps({"local_slots": str(project)}))
+    (project / ".env").write_text("GPUFN_TEST_SETTING=first\n")
+    instance, run, loads, calls, directory = warm({"idle": "300s"})
+    first = run("docs__configured")
+    assert first.status == DagsterRunStatus.SUCCESS, said(instance, first.run_id)[-3000:]
+    (old,) = registered(directory)
+    (project / ".env").write_text("GPUFN_TEST_SETTING=second\n")
+    add_rows(6, 4)
+    second = run("docs__configured")
+    assert second.status == DagsterRunStatus.SUCCESS, said(instance, second.run_id)[-3000:]
+    meta = [materialized(instance, r.run_id) for r in (first, second)]
+    assert meta[0]["function_version"] == meta[1]["function_version"]
+    (new,) = registered(directory)
+    assert new["pid"] != old["pid"] and new["settings"] != old["settings"]
+    wait_for(lambda: not Path(f"/proc/{old['pid']}").exists(), timeout=30, what="the outdated instance ended")
+    assert column("configured") == {**{i: f"d{i}#first" for i in range(6)}, **{i: f"d{i}#second" for i in range(6, 10)}}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpufn_dagster.classes import load_gpu_classes
-from gpufn_dagster.run.capacity import Verdict, decide, decide_without_pod, parse_scheduler_message
-from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, WAITING_SINCE_TAG, CapacityState
+from gpufn_dagster.run.capacity import Verdict, decide, decide_without_pod, kueue_verdict, parse_scheduler_message
+from gpufn_dagster.run.kueue import WorkloadStatus
+from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, QUEUE_POSITION_TAG, WAITING_SINCE_TAG, CapacityState
 
 from ..conftest import CLASSES
 
@@ -19,10 +20,10 @@ def test_a_new_wait_is_tagged_and_told_once():
     assert first.tags[WAITING_SINCE_TAG] == "2026-11-30T17:01:13Z"
     assert "position 2 of 3" in first.event.message and FULL.message in first.event.message
     again = decide(FULL, first.tags, L4, 1, (1, 3), NOW + 30)       # only its place in the queue moved
-    assert again.tags == {".dagster/gpufn/queue-position": "1 of 3"} and again.event is None and again.waited_seconds == 30
+    assert again.tags == {".dagster/gpufn-queue-position": "1 of 3"} and again.event is None and again.waited_seconds == 30
     # The tag follows every move; the page hears of a move again once a minute at most.
     later = decide(FULL, {**first.tags, **again.tags}, L4, 1, (1, 2), NOW + 61)
-    assert later.tags[".dagster/gpufn/queue-position"] == "1 of 2" and "now position 1 of 2" in later.event.message
+    assert later.tags[".dagster/gpufn-queue-position"] == "1 of 2" and "now position 1 of 2" in later.event.message
     assert decide(FULL, {**first.tags, **again.tags, **later.tags}, L4, 1, (1, 2), NOW + 200).tags == {}
     # The scheduler rewords its message as it retries (here: its preemption part); the reasons are the same.
     reworded = Verdict(CapacityState.WAITING, "Unschedulable", FULL.message + " preemption: 0/5 nodes are available: "
@@ -34,6 +35,24 @@ def test_a_new_wait_is_tagged_and_told_once():
     told = decide(changed, first.tags, L4, 1, (1, 3), NOW + 60)
     assert "Autoscaler: TriggeredScaleUp" in told.event.message
     assert told.tags[WAITING_SINCE_TAG] == first.tags[WAITING_SINCE_TAG]   # since when is kept
+
+
+def test_the_place_in_line_follows_the_line_both_ways_in_its_tag_and_once_a_minute_on_the_page():
+    """A higher priority joining ahead moves a run back as surely as one leaving moves it forward."""
+    pending = kueue_verdict(WorkloadStatus("w", "job", "q", 0, "2026-11-30T17:01:13Z", "pending", "Pending",
+                                           "couldn't assign flavors to pod set main: insufficient unused quota"))
+    tags: dict[str, str] = {}
+    said = []
+    # (seconds from now, place in line): alone; two join ahead; the first of them leaves; a minute on
+    for at, place in [(0, (1, 1)), (10, (2, 2)), (20, (3, 3)), (30, (2, 2)), (61, (2, 2)), (70, (2, 2)),
+                      (80, (3, 3)), (140, (3, 3))]:
+        decision = decide(pending, tags, L4, 1, place, NOW + at, queue="in ClusterQueue q",
+                          kueue_state="pending")
+        tags = {**tags, **decision.tags}
+        assert tags[QUEUE_POSITION_TAG] == f"{place[0]} of {place[1]}", (at, tags)  # every tick, both ways
+        if decision.event is not None:
+            said.append((at, decision.event.metadata["Position"]))
+    assert said == [(0, "1 of 1"), (61, "2 of 2"), (140, "3 of 3")]
 
 
 def test_a_wait_past_max_wait_fails_the_run_and_one_within_it_does_not():
@@ -54,10 +73,10 @@ def test_capacity_arriving_says_where_and_after_how_long():
     waiting = decide(FULL, {}, L4, 1, None, NOW).tags
     arrived = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), waiting, L4, 1, None, NOW + 42)
     assert arrived.tags == {CAPACITY_TAG: "scheduled", CAPACITY_REASON_TAG: "Scheduled",
-                            ".dagster/gpufn/holding-since": "2026-11-30T17:01:55Z"}  # its time on the GPU counts from here
-    estimated = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, ".dagster/gpufn/wait-estimate": "about 2 min"},
+                            ".dagster/gpufn-holding-since": "2026-11-30T17:01:55Z"}  # its time on the GPU counts from here
+    estimated = decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, ".dagster/gpufn-wait-estimate": "about 2 min"},
                        L4, 1, None, NOW + 98)
-    assert estimated.tags[".dagster/gpufn/wait-estimate"] == "waited 2 min"  # the truth replaces the estimate
+    assert estimated.tags[".dagster/gpufn-wait-estimate"] == "waited 2 min"  # the truth replaces the estimate
     assert arrived.event.message == "GPU capacity arrived: scheduled on node l4-1 after waiting 42s"
     assert decide(Verdict(CapacityState.SCHEDULED, node="l4-1"), {**waiting, **arrived.tags}, L4, 1, None, NOW + 50).tags == {}
 

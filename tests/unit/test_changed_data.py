@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufn_dagster.assets.triggers import changed_data
+from gpufn_dagster.assets.changed_partitions import changed_data
 
 
 def test_changed_data_classifies_commits():

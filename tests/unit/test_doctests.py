@@ -18,6 +18,7 @@ MODULES = [
     "gpufn_dagster.assets.views", "gpufn_dagster.procfs", "gpufn_dagster.run.forkserver", "gpufn_dagster.run.local_launcher",
     "gpufn_dagster.refresh.slices", "gpufn_dagster.refresh.state", "gpufn_dagster.function_spec.partitions",
     "gpufn_dagster.assets.reporting", "gpufn_dagster.sample", "gpufn_dagster.assets.table_partitions",
+    "gpufn_dagster.run.estimate", "gpufn_dagster.run.history",
 ]
 
 

@@ -34,3 +34,33 @@ def test_an_estimate_is_said_again_only_when_it_moves_meaningfully():
     assert changed_meaningfully("about 13 min", Estimate(1800.0, "about 30 min (...)"))
     assert changed_meaningfully("unknown", Estimate(0.0, "now (...)"))
     assert changed_meaningfully("now", Estimate(None, "unknown (...)"))
+
+
+def test_a_selection_never_run_as_such_is_estimated_from_its_assets_own_history():
+    """A Materialize all ran docs__embedding among others: a run of docs__embedding alone, or of a
+    selection of it and docs__summary, has no history of its own but its assets have."""
+    history = {"docs, docs__embedding, docs__summary": [900.0], "docs__embedding": [300.0, 280.0, 320.0],
+               "docs__summary": [60.0]}
+    holder = Holder("docs__embedding, docs__summary", 1, 100.0, ("docs__embedding", "docs__summary"))
+    state = QueueState("l4", 1, [holder], [Ahead("docs__embedding", 1, ("docs__embedding",))])
+    estimate = estimate_wait(state, history)
+    assert estimate.seconds == (300.0 + 60.0 - 100.0) + 300.0
+    assert estimate.tag == "about 9 min"
+    # An asset no run ever materialized makes it unknown, naming that asset (not the whole selection).
+    never = QueueState("l4", 1, [holder], [Ahead("docs__embedding, docs__caption", 1, ("docs__caption",
+                                                                                      "docs__embedding"))])
+    unknown = estimate_wait(never, history)
+    assert (unknown.seconds, unknown.tag) == (None, "unknown")
+    assert unknown.text.endswith("; no finished run of docs__caption in this instance's history)")
+
+
+def test_holders_past_their_typical_time_make_the_start_any_moment_never_now():
+    late = QueueState("l4", 1, [Holder("embed", 1, 900.0)], [], 1)  # typical 600 s, held for 900 s
+    estimate = estimate_wait(late, HISTORY)
+    assert (estimate.seconds, estimate.tag) == (0.0, "any moment")
+    behind = estimate_wait(QueueState("l4", 1, [Holder("embed", 1, 900.0)], [Ahead("caption", 1)], 1), HISTORY)
+    assert (behind.seconds, behind.tag) == (120.0, "about 2 min")
+    # A GPU the instance knows to be free is "now", and the two say the same minutes.
+    free = estimate_wait(QueueState("l4", 2, [Holder("embed", 1, 900.0)], [], 1), HISTORY)
+    assert (free.seconds, free.tag) == (0.0, "now")
+    assert not changed_meaningfully("any moment", free) and not changed_meaningfully("any moment", estimate)

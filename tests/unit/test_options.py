@@ -11,9 +11,9 @@ import pytest
 
 from gpufn_dagster import FunctionDefinitionError, function_of, gpu_function, make_function
 from gpufn_dagster.components import FunctionColumn
-from gpufn_dagster.function_spec.options import FunctionOptions
+from gpufn_dagster.function_spec.options import FunctionOptions, ordered_fields
 
-OPTIONS = [f.name for f in dataclasses.fields(FunctionOptions)]
+OPTIONS = [f.name for f in ordered_fields(FunctionOptions)]
 
 
 def test_decorator_spec_builder_and_yaml_component_take_the_same_options():

@@ -45,7 +45,7 @@ def test_the_lance_keys_a_refresh_writes_are_the_vocabularys(tmp_path):
 
     from gpufn_dagster import make_function, refresh_column
     from gpufn_dagster.tags import FUNCTION_KEY, SIG_COLUMN_KEY
-    from gpufn_dagster.assets.triggers import changed_data, operations_since
+    from gpufn_dagster.assets.changed_partitions import changed_data, operations_since
 
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"x": [1, 2]}), uri)
@@ -152,6 +152,10 @@ def test_gpufn_bookkeeping_tags_are_hidden_by_dagsters_own_rule_and_a_run_shows_
     from gpufn_dagster import tags
 
     assert tags.HIDDEN_PREFIX.startswith(HIDDEN_TAG_PREFIX)
+    from dagster._utils.tags import is_valid_tag_key
+
+    keys = [v for n, v in vars(tags).items() if n.endswith("_TAG") and isinstance(v, str)]
+    assert [k for k in keys if not is_valid_tag_key(k)] == []  # no key Dagster warns of (or will refuse)
     assert tags.DAGSTER_PRIORITY_TAG == PRIORITY_TAG  # Dagster's own, read, never written by gpufn
     run_tags = {value for name, value in vars(tags).items() if name.endswith("_TAG") and isinstance(value, str)
                 and value != PRIORITY_TAG}
