@@ -2,15 +2,16 @@
 tokenizer alone, and sentence-transformers' preprocess around it, on one process here, over 4,096
 rows of 128 tokens (run after bench/prepare_minilm_carry.py):
 
-    .venv/bin/python bench/tokenizer_split_bench.py
+    .venv/bin/python bench/tokenizer_split_bench.py [model directory, default .carry/minilm]
 """
 import os
+import sys
 import time
 
 import numpy as np
 t0=time.perf_counter()
 from sentence_transformers import SentenceTransformer
-m = SentenceTransformer('.carry/minilm', device='cpu')
+m = SentenceTransformer(sys.argv[1] if len(sys.argv) > 1 else '.carry/minilm', device='cpu')
 m.max_seq_length = 128
 print(f"load {time.perf_counter()-t0:.1f}s")
 tok = m.tokenizer

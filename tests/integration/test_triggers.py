@@ -168,6 +168,16 @@ def test_asset_checks_report_unfilled_and_failed_rows(db_uri):
         assert outcomes["no_unfilled_rows"].metadata["failed_rows"].value == 3
         assert not outcomes["failed_rows_below_threshold"].passed  # d7, d17, d27 = 10 % > 5 %
         assert outcomes["failed_rows_below_threshold"].metadata["failed_rows"].value == 3
+        # ...and named: which rows (stable row id, inputs), why, under which rule -- on the check and the materialization
+        named = outcomes["failed_rows_below_threshold"].metadata["first_failed_rows"].value.records
+        assert sorted(r.data["row_id"] for r in named) == [7, 17, 27]
+        assert {r.data["error_class"] for r in named} == {"ValueError"} and {r.data["rule"] for r in named} == {"skip"}
+        assert "gpufn_errors" in outcomes["failed_rows_below_threshold"].metadata["failed_rows_query"].value
+        (event,) = result.get_asset_materialization_events()
+        shown = event.materialization.metadata
+        assert (shown["rows_computed"].value, shown["rows_failed"].value) == (27, 3)  # computed: given a value
+        assert sorted((r.data["row_id"], r.data["inputs"]) for r in shown["failed_rows"].value.records) == [
+            (7, "text='d7'"), (17, "text='d17'"), (27, "text='d27'")]
 
         add_docs(db_uri, 30, 4)
         check_only = dg.materialize([asset, *checks], selection=dg.AssetSelection.checks(*checks),
