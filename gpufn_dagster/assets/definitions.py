@@ -165,7 +165,8 @@ def build_definitions(
 
     Args:
         assets: Function assets (`gpu_function`, `function_asset`), views and any other assets.
-        db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`): a local path or `s3://bucket/folder`.
+        db_uri: the LanceDB database (default `$GPUFN_LANCEDB_URI`, else `.gpufn_data/lancedb` under the
+            current directory): a local path or `s3://bucket/folder`.
         storage_options: how to reach the object store (see `LanceDBResource`).
         schedules, sensors, jobs, asset_checks: passed to `dagster.Definitions` as they are.
         resources: more resources; `lancedb` is added.

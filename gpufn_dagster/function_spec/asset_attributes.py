@@ -69,7 +69,8 @@ class AssetAttributes:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     dg.AssetSpec(**{"key": "x", **given})
             except Exception as err:  # noqa: BLE001 -- Dagster's own check, whatever it raises, names the problem
-                raise FunctionDefinitionError(f"{label}: field {name!r}: {err}") from None
+                said = str(err).replace(" for asset 'AssetKey(['x'])'", "")  # the key checked is a stand-in
+                raise FunctionDefinitionError(f"{label}: field {name!r}: {said}") from None
         return cls(prefix, tuple(options.owners or ()), dict(options.tags or {}), dict(options.metadata or {}),
                    frozenset(options.kinds or ()), options.automation_condition, options.freshness_policy,
                    options.legacy_freshness_policy)

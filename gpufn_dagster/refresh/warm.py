@@ -194,8 +194,9 @@ class WarmInstance(FunctionInstance):
         why = ("the warm one of this version did not answer, so it was ended" if mine else
                "the warm one of this version was loaded with other settings (the code location's environment or "
                "files changed since), so it was ended" if outdated else
-               "no instance of this version was warm on this slot (first use, the code changed, or the last one "
-               f"was idle longer than local.warm.idle {self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
+               "no instance of this version was warm on this slot (first use, the code changed, the last one was "
+               "ended with its terminated run or by a crash, or it was idle longer than local.warm.idle "
+               f"{self.slot.gpu_class.local.warm.idle.total_seconds():.0f}s)")
         before = progress.load_seconds
         with loading(progress, report):
             self._make_room(others)
