@@ -8,6 +8,7 @@ them, the webserver that terminates a run, the test that checks none is left.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -93,16 +94,18 @@ def flocked(paths: list[Path]) -> set[Path]:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return set()
-    locked = set()
+    locked = set()  # (major, minor, inode): the same inode number on another device is another file
     for line in lines:
         words = line.split()
         if len(words) > 5 and words[1] == "FLOCK" and words[3] == "WRITE":
-            locked.add(int(words[5].rsplit(":", 1)[-1]))
+            major, minor, inode = words[5].split(":")
+            locked.add((int(major, 16), int(minor, 16), int(inode)))
     found = set()
     for path in paths:
         try:
-            if path.stat().st_ino in locked:
-                found.add(path)
+            stat = path.stat()
         except OSError:
             continue
+        if (os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino) in locked:
+            found.add(path)
     return found

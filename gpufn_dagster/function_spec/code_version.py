@@ -52,9 +52,11 @@ import sys
 import sysconfig
 import textwrap
 import threading
+import time
 import traceback
 import types
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 _LITERALS = (int, float, complex, str, bytes, bool, type(None))
@@ -107,44 +109,54 @@ def _literal(value: Any, depth: int = 0) -> str | None:
 
 
 _PARSE = threading.RLock()  # every parse of the process that this package causes (module docstring)
+_RACE = "AST constructor recursion depth mismatch"  # CPython 3.11: another thread's parse interleaved
+
+
+def _parsing(call: Callable[[], Any]) -> Any:
+    """`call()` (something that parses) under the package's parse lock, so no two of the package's
+    parses interleave; called again, a few times, when CPython 3.11 says a parse of another thread
+    (one the package does not cause: Dagster's, a library's) interleaved with it -- its interpreter-wide
+    counter then mismatches, and the same parse alone succeeds."""
+    with _PARSE:
+        for attempt in range(4):
+            try:
+                return call()
+            except SystemError as err:
+                if _RACE not in str(err) or attempt == 3:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
 
 
 def parse(source: str) -> ast.Module:
     """`ast.parse` under the package's parse lock."""
-    with _PARSE:
-        return ast.parse(source)
+    return _parsing(lambda: ast.parse(source))
 
 
 def getsource(target: Any) -> str:
     """`inspect.getsource` under the parse lock (it parses the whole file of a class)."""
-    with _PARSE:
-        return inspect.getsource(target)
+    return _parsing(lambda: inspect.getsource(target))
 
 
 def getsourcelines(target: Any) -> tuple[list[str], int]:
     """`inspect.getsourcelines` under the parse lock (it parses the whole file of a class)."""
-    with _PARSE:
-        return inspect.getsourcelines(target)
+    return _parsing(lambda: inspect.getsourcelines(target))
 
 
 def signature(target: Any) -> inspect.Signature:
     """`inspect.signature` under the parse lock (it parses a builtin's `__text_signature__`, e.g.
     the `object.__init__` of a class Function without an `__init__` of its own)."""
-    with _PARSE:
-        return inspect.signature(target)
+    return _parsing(lambda: inspect.signature(target))
 
 
 def format_exc() -> str:
     """`traceback.format_exc` under the parse lock (Python 3.11 parses each frame's line to
     underline the failing expression)."""
-    with _PARSE:
-        return traceback.format_exc()
+    return _parsing(traceback.format_exc)
 
 
 def format_exception(err: BaseException) -> str:
     """`traceback.format_exception` of `err`, joined, under the parse lock (as `format_exc`)."""
-    with _PARSE:
-        return "".join(traceback.format_exception(err))
+    return _parsing(lambda: "".join(traceback.format_exception(err)))
 
 
 def _project_file(path: str | None) -> tuple[str, str | None]:
