@@ -39,7 +39,7 @@ def kueue_tick(runs: int) -> dict[str, float]:
     from gpufn_dagster.classes import load_gpu_classes
     from gpufn_dagster.run.kueue import kueue_labels, kueue_manifests
     from gpufn_dagster.tags import CLASS_LABEL, COUNT_LABEL
-    from gpufn_dagster.run.watch import CapacityWatcher
+    from gpufn_dagster.run.k8s.watch import CapacityWatcher
     from gpufn_devcluster.cluster import DevCluster, binaries_dir
     from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
 

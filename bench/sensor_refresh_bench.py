@@ -51,7 +51,7 @@ def session(name: str, work: Path, appends: int, rows: int, keep_warm: bool, war
     import lancedb
 
     from gpufn_dagster.assets.resources import STABLE_ROW_IDS
-    from gpufn_dagster.refresh.warm import stop_hosts
+    from gpufn_dagster.embedded.warm import stop_hosts
     from gpufn_dagster.sample import sample_docs
 
     base = work / name

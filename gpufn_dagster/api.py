@@ -32,7 +32,7 @@ def class_metrics(instance: Any, classes_dir: str | None, now: float) -> str:
     each class's local slots read from Dagster's pools now; on Kubernetes, the capacity sensor's
     last tick's gauges, with their age."""
     from .run.gauges import prometheus_text, stored_gauges
-    from .run.local import GpuQueuedRunCoordinator, embedded_class_gauges
+    from .embedded.coordinator import GpuQueuedRunCoordinator, embedded_class_gauges
 
     classes = cached_gpu_classes(classes_dir)
     if isinstance(instance.run_coordinator, GpuQueuedRunCoordinator):

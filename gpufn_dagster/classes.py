@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import GpuClassError
+from .errors import ClassRequestError, GpuClassError
 from .tags import choice_request, class_choice
 from .k8s_syntax import (extended_resource_problem, label_value_problem, parse_quantity, qualified_name_problem,
                          quantity_problem)
@@ -323,16 +323,61 @@ ClassesDir = str | os.PathLike[str] | None
 ClassNow = Callable[[], "tuple[GpuClass, ...]"]
 
 
-def accepted_classes(request: str, classes: Mapping[str, GpuClass]) -> tuple[GpuClass, ...]:
-    """The classes a GPU request (`tags.choice_request` text: a tag, a pool, an annotation) accepts,
-    first choice first; () when one of them is not a class now.
+def accept(request: str | Sequence[str], count: int | None, classes: Mapping[str, GpuClass], *,
+           lenient: bool = False) -> tuple[GpuClass, ...]:
+    """The classes a GPU request accepts, first choice first: the one rule of what a Function may ask
+    for, which its load, its steps and the launcher all apply.
+
+    `request` is class names in order of preference, or their request text (`tags.choice_request`: a
+    tag, a pool, an annotation). Refused with a `ClassRequestError` naming the field: no class, a
+    class named twice, an unknown class, a `count` below 1 or above a class's
+    `max_gpu_count_per_worker`, classes naming different GPU resources (one pod asks for one
+    resource whichever pool it lands on), and classes in Kueue mode mixed with classes not (Kueue
+    admits a Job on one ClusterQueue's flavors, or the scheduler places it, never both).
+
+    `lenient` reads back a request made earlier (a run's tag, a pod's annotation), when the classes
+    may have changed since: () when one of its classes is not a class now, and no other check.
 
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
-    >>> [c.name for c in accepted_classes("l4", {"l4": l4})], accepted_classes("l4|t4", {"l4": l4})
+    >>> [c.name for c in accept("l4", 1, {"l4": l4})], accept("l4|t4", None, {"l4": l4}, lenient=True)
     (['l4'], ())
+    >>> accept(["l4"], 2, {"l4": l4})
+    Traceback (most recent call last):
+    ...
+    gpufn_dagster.errors.ClassRequestError: field 'gpu_count': 2 GPUs exceeds class 'l4''s max_gpu_count_per_worker of 1
     """
-    accepted = tuple(classes.get(name) for name in class_choice(request))
-    return accepted if all(accepted) else ()
+    names = class_choice(request) if isinstance(request, str) else tuple(request)
+    if lenient:
+        found = tuple(classes.get(name) for name in names)
+        return found if names and all(found) else ()
+    if not names:
+        raise ClassRequestError("gpu_class", "no GPU class named")
+    if len(set(names)) < len(names):
+        raise ClassRequestError("gpu_class", f"{list(names)} names a class twice")
+    accepted: list[GpuClass] = []
+    for name in names:
+        if name not in classes:
+            raise ClassRequestError("gpu_class", f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; "
+                                                 f"configured classes: {', '.join(sorted(classes))}")
+        gpu_class = classes[name]
+        if count is not None and count > gpu_class.max_gpu_count_per_worker:
+            raise ClassRequestError("gpu_count", f"{count} GPUs exceeds class {name!r}'s max_gpu_count_per_worker of "
+                                                 f"{gpu_class.max_gpu_count_per_worker}")
+        if accepted and gpu_class.resource_name != accepted[0].resource_name:
+            raise ClassRequestError("gpu_class", f"classes {accepted[0].name!r} ({accepted[0].resource_name}) and "
+                                                 f"{name!r} ({gpu_class.resource_name}) name different GPU resources; "
+                                                 "the classes accepted together must share one, since their pod asks "
+                                                 "for one whichever pool it lands on")
+        accepted.append(gpu_class)
+    if count is not None and count < 1:
+        raise ClassRequestError("gpu_count", f"GPU count must be at least 1, got {count}")
+    if len({c.kueue is None for c in accepted}) > 1:
+        raise ClassRequestError("gpu_class", f"of the classes accepted together, "
+                                             f"{', '.join(repr(c.name) for c in accepted if c.kueue)} are in Kueue mode "
+                                             f"and {', '.join(repr(c.name) for c in accepted if not c.kueue)} not; "
+                                             "accept classes all in Kueue mode (Kueue admits the Job on the first "
+                                             "with quota) or none")
+    return tuple(accepted)
 
 
 def choice_view(accepted: tuple[GpuClass, ...]) -> GpuClass:

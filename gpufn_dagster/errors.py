@@ -18,6 +18,16 @@ class GpuClassError(GpufnError, ValueError):
     """One or more GPU class files are invalid; the message lists every problem (file, class, field)."""
 
 
+class ClassRequestError(GpufnError, ValueError):
+    """A GPU request (classes in order x GPU count) the operator's classes cannot serve. One rule
+    (`classes.accept`) raises it; a Function's load prefixes the Function, a launch wraps it in a
+    `PlacementError`, so both say the same `field` ('gpu_class' or 'gpu_count') and `problem`."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"field {field!r}: {problem}")
+        self.field, self.problem = field, problem
+
+
 class FunctionDefinitionError(GpufnError, ValueError):
     """A Function's declaration does not fit its table, class or callable."""
 

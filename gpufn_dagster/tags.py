@@ -51,7 +51,7 @@ HOLDING_SINCE_TAG = HIDDEN_PREFIX + "holding-since"  # when the run got its GPUs
 QUEUE_POSITION_TAG = HIDDEN_PREFIX + "queue-position"  # Kubernetes: "2 of 4", its place among the runs waiting with it
 POSITION_SAID_TAG = HIDDEN_PREFIX + "position-said"  # "<position> at <time>": the place a wait event last said, and when
 KUEUE_TAG = HIDDEN_PREFIX + "kueue"  # Kueue mode: its Workload's state (a `KueueState` value)
-# On runs the embedded launcher handed to a warm run worker: that process's identity (`procfs.identity`,
+# On runs the embedded launcher handed to a warm run worker: that process's identity (`embedded.procfs.identity`,
 # pid@start), by which terminating the run interrupts it from any process.
 RUN_WORKER_TAG = HIDDEN_PREFIX + "run-worker"
 # On runs started by the table and unfilled-rows sensors (their events say the same in words).

@@ -139,7 +139,7 @@ def _warm_instances_left(grace: float = 10.0) -> list[int]:
     launched its run) or its idle time, so one still alive was left behind."""
     import tempfile
 
-    from gpufn_dagster.refresh.warm import host_processes
+    from gpufn_dagster.embedded.warm import host_processes
 
     deadline = time.monotonic() + grace
     while (left := host_processes(Path(tempfile.gettempdir()))) and time.monotonic() < deadline:
@@ -148,11 +148,11 @@ def _warm_instances_left(grace: float = 10.0) -> list[int]:
 
 
 def _warm_run_workers_left(grace: float = 10.0) -> list[int]:
-    """Warm run workers (`gpufn_dagster.run.warm_worker`) started by this session (they inherited
+    """Warm run workers (`gpufn_dagster.embedded.warm_worker`) started by this session (they inherited
     `SESSION_ENV`; another suite's or a bench's on the same machine are not ours) still running
     after `grace` seconds: one waiting ends with its launcher's instance, one handed a run with its run."""
-    from gpufn_dagster.procfs import running_module
-    from gpufn_dagster.run.warm_worker import MODULE
+    from gpufn_dagster.embedded.procfs import running_module
+    from gpufn_dagster.embedded.warm_worker import MODULE
 
     mark = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
 

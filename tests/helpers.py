@@ -152,8 +152,8 @@ def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict |
     from dagster._core.definitions.reconstruct import ReconstructableRepository
     from dagster._core.executor.init import InitExecutorContext
 
-    from gpufn_dagster.run.executor import gpu_classes_executor, step_pods_executor
-    from gpufn_dagster.run.k8s_pods import GpuStepHandler
+    from gpufn_dagster.assets.executor import gpu_classes_executor, step_pods_executor
+    from gpufn_dagster.run.k8s.pods import GpuStepHandler
 
     pod, _node = job_pod(cluster, namespace, run.run_id)
     environment = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
@@ -378,7 +378,7 @@ def embedded(tmp_path, monkeypatch, classes_dir, rows: int = 6, defs: Path = LOC
                                          storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}},
-                 # as deploy/dagster-embedded.yaml: runs start in warm run workers (run.local_launcher)
+                 # as deploy/dagster-embedded.yaml: runs start in warm run workers (embedded.launcher)
                  "run_launcher": {"module": "gpufn_dagster", "class": "GpuLocalRunLauncher",
                                   "config": {"warm_run_workers": warm_run_workers}},
                  **({"storage": {"postgres": {"postgres_url": postgres_url}}} if postgres_url else {})}

@@ -11,7 +11,7 @@ entry's text (`function_metadata`, `reads_metadata`): the code behind the column
 from typing import Any
 
 import dagster as dg
-from ..dagster_private import ObjectMetadataValue
+from ..private_ledger import ObjectMetadataValue
 
 from ..function_spec.asset_attributes import AssetAttributes
 from ..function_spec.functions import Function

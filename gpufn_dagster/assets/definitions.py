@@ -22,7 +22,7 @@ from ..classes import cached_gpu_classes
 from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.columns import is_function_column
 from ..refresh.signature import unsupported_reason
-from ..run.executor import gpu_classes_executor
+from .executor import gpu_classes_executor
 from ..run.gauges import CAPACITY_SENSOR, capacity_specs
 from ..function_spec.functions import Function
 from ..tags import READS_METADATA_KEY

@@ -32,9 +32,9 @@ from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.progress import Progress
 from ..refresh.results import RefreshPlan, ShardResult
 from ..refresh.shards import Shard
-from ..refresh.warm import warm_instances
-from ..run.executor import steps_in_this_process
-from ..run.slots import StepClass, step_slot
+from ..embedded.warm import warm_instances
+from .executor import steps_in_this_process
+from ..embedded.slots import StepClass, step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
 from .asset_spec import reads

@@ -18,15 +18,15 @@ from typing import Any
 
 import dagster as dg
 
-from ..classes import ClassesDir, ClassNow, GpuClass, cached_gpu_classes, resolve_classes_dir, suggestion
-from ..errors import FunctionDefinitionError, GpuClassError
+from ..classes import ClassesDir, ClassNow, GpuClass, accept, cached_gpu_classes, resolve_classes_dir
+from ..errors import ClassRequestError, FunctionDefinitionError, GpuClassError
 from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.files import TableFiles
 from ..refresh.progress import Progress
 from ..refresh.results import RefreshResult
-from ..refresh.warm import warm_instances
-from ..run.executor import steps_in_this_process
-from ..run.slots import StepClass, step_slot
+from ..embedded.warm import warm_instances
+from .executor import steps_in_this_process
+from ..embedded.slots import StepClass, step_slot
 from ..function_spec.code_version import getsourcelines
 from ..function_spec.error_policy import ErrorPolicy
 from ..function_spec.functions import Function, make_function
@@ -45,37 +45,13 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_class(function: Function, classes_dir: ClassesDir = None) -> tuple[GpuClass, ...]:
-    """The GPU classes the Function accepts, first choice first, checked against the operator's
-    classes: an unknown class, a class whose workers cannot hold `gpu_count` GPUs, and classes that
-    name different GPU resources (one pod asks for one resource, whichever pool it lands on) are
-    refused, naming the Function, the field and the class."""
+    """The GPU classes the Function accepts, first choice first, by the one rule of class requests
+    (`classes.accept`), refused naming the Function, the field and the class directory."""
     directory = resolve_classes_dir(classes_dir)
-    classes = cached_gpu_classes(directory)
-    label = f"Function {function.name!r}"
-    chosen: list[GpuClass] = []
-    for name in function.gpu_classes:
-        if name not in classes:
-            raise FunctionDefinitionError(
-                f"{label}: field 'gpu_class': unknown GPU class {name!r}"
-                f"{suggestion(name, sorted(classes))}; classes in {directory}: {', '.join(sorted(classes))}")
-        gpu_class = classes[name]
-        if function.gpu_count > gpu_class.max_gpu_count_per_worker:
-            raise FunctionDefinitionError(
-                f"{label}: field 'gpu_count': {function.gpu_count} GPUs exceeds class {gpu_class.name!r}'s "
-                f"max_gpu_count_per_worker of {gpu_class.max_gpu_count_per_worker}")
-        if chosen and gpu_class.resource_name != chosen[0].resource_name:
-            raise FunctionDefinitionError(
-                f"{label}: field 'gpu_class': classes {chosen[0].name!r} ({chosen[0].resource_name}) and "
-                f"{name!r} ({gpu_class.resource_name}) name different GPU resources; the classes a Function "
-                "accepts must share one resource name, since its pod asks for one whichever pool it lands on")
-        chosen.append(gpu_class)
-    if len({c.kueue is None for c in chosen}) > 1:
-        raise FunctionDefinitionError(
-            f"{label}: field 'gpu_class': of the classes it accepts, "
-            f"{', '.join(repr(c.name) for c in chosen if c.kueue)} are in Kueue mode and "
-            f"{', '.join(repr(c.name) for c in chosen if not c.kueue)} not; accept classes all in Kueue mode "
-            "(Kueue admits the Job on the first with quota) or none")
-    return tuple(chosen)
+    try:
+        return accept(function.gpu_classes, function.gpu_count, cached_gpu_classes(directory))
+    except ClassRequestError as err:
+        raise FunctionDefinitionError(f"Function {function.name!r}: {err} (class files in {directory})") from None
 
 
 def _code_references(function: Function) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..refresh.execute import RowError, Rows
 from ..refresh.signature import FAILED
 from ..refresh.results import RefreshResult
 from ..function_spec.functions import Function
-from ..dagster_private import EngineEventData
+from ..private_ledger import EngineEventData
 from ..tags import CAPACITY_REASON_TAG, TABLE_VERSION_BEFORE_KEY, CapacityReason
 from .resources import LanceDBResource
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 import dagster as dg
 import lance
 
-from ..dagster_private import DATA_VERSION_TAG
+from ..private_ledger import DATA_VERSION_TAG
 from ..errors import FunctionDefinitionError
 from ..function_spec.functions import Function
 from .changed_partitions import changed_data, changed_filter, changed_partitions, data_version, operations_since

@@ -19,8 +19,8 @@ import dagster as dg
 import lance
 
 from ..errors import FunctionDefinitionError
-from ..refresh.warm import unsendable
-from ..run.executor import gpu_classes_executor
+from ..embedded.warm import unsendable
+from .executor import gpu_classes_executor
 from ..tags import (SOURCE_VERSION_KEY, TABLE_TAG, TABLE_VERSION_BEFORE_KEY, TABLE_VERSION_TAG,
                     UNFILLED_ROWS_TAG, run_gpu_tags)
 from ..function_spec.functions import Function
@@ -135,7 +135,7 @@ def in_process_config(context: dg.SensorEvaluationContext, job_name: str, target
     for target in _resolved(context, targets):
         function = function_of(target) if isinstance(target, dg.AssetsDefinition) else None
         if function is not None and function.gpu and unsendable(function) is not None:
-            return {}  # a closure: it computes in its step's process (`refresh.warm.warm_instances`)
+            return {}  # a closure: it computes in its step's process (`embedded.warm.warm_instances`)
     return {"execution": {"config": {"in_process": True}}}
 
 

@@ -14,6 +14,9 @@ interchangeable. Unknown fields are rejected by Dagster's schema check with the 
 bad import path, an unknown class, too many GPUs or a bad output type are reported with the file
 and the field. `RefreshSchedule` and `TableSensor` declare a pipeline's schedule and sensor the
 same way.
+
+May import: assets, function_spec, top-level modules.
+Never imports: run, run.k8s, embedded, refresh, kubernetes, dagster_k8s.
 """
 
 from .function_column import FunctionColumn

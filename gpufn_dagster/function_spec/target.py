@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..dagster_private import ObjectMetadataValue
+from ..private_ledger import ObjectMetadataValue, udf_function
 from ..errors import FunctionDefinitionError
 from ..tags import FUNCTION_METADATA_KEY
 
@@ -36,7 +36,7 @@ def unwrap(target: Any) -> Any:
     >>> unwrap(textwrap.dedent) is textwrap.dedent
     True
     """
-    original = getattr(target, "_function", None)
+    original = udf_function(target)
     if getattr(target, "registration_request", None) is not None and original is not None:
         return original
     specs = getattr(target, "specs_by_key", None)  # a Dagster AssetsDefinition of one asset

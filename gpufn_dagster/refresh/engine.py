@@ -90,7 +90,7 @@ class RefreshOptions:
         lease_token: the lease's owner across processes (a run id): a refresh spread over
             several steps holds one lease from its plan to its commit. Its verbs need one.
         instances: where the Function's loaded instance comes from (default: loaded by this
-            refresh and closed when it ends; `refresh.warm.warm_instances` keeps it warm for the next).
+            refresh and closed when it ends; `embedded.warm.warm_instances` keeps it warm for the next).
         where: a Lance filter: refresh only the rows it selects (a partition's slice, `slices`);
             other rows are neither computed nor passed to the Function, and slices of one column
             refresh side by side.

@@ -50,7 +50,7 @@ class FunctionInstance:
     that needs it and kept for every attempt of one refresh verb, then closed once.
 
     Loading is timed apart from the rows and said in the run log as it starts and ends, so a model
-    that loads for a minute never reads as a minute of computing. `refresh.warm.WarmInstance` is
+    that loads for a minute never reads as a minute of computing. `embedded.warm.WarmInstance` is
     the same seam with the instance kept in a process of its own that outlives the step.
     """
 

@@ -1,9 +1,13 @@
-"""The run half: where a run goes and how it waits for GPUs.
+"""The run core: where a run goes and how it waits for GPUs, decided without process or Kubernetes I/O.
 
-From the bottom up: `placement` and `capacity` decide (pure: class x count -> pod configuration;
-pod status -> verdict -> what to record); `shared` reads a run (its steps' GPU requests, whether
-it uses step pods) into one `RunPlan`; above it stand the two paths, which never import each
-other: `local` (the embedded default's per-class slots) and the Kubernetes path -- `k8s_api`
-(the one boundary every Kubernetes call goes through), `launcher` (GpuK8sRunLauncher) and
-`watch` (the capacity watcher and its sensor).
+Holds what both modes share: `placement` and `capacity` decide (pure: class x count -> pod
+configuration; pod status or local slots -> verdict -> what to record), `kueue` (Kueue's objects
+and Workload states, pure), `estimate` and `history` (how long a wait lasts, from the instance's
+history), `pools` (who waits behind whom for local slots, pure), `gauges` (per-class gauges) and
+`run_plan` (a run's steps' GPU requests read into one `RunPlan`). The two modes stand above it as
+wings that never import each other: `run.k8s` (Kubernetes) and `gpufn_dagster.embedded` (the
+embedded default `dagster dev` serves).
+
+May import: top-level modules.
+Never imports: run.k8s, embedded, refresh, assets, components, kubernetes, dagster_k8s.
 """

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
-from ..dagster_private import EngineEventData
+from ..private_ledger import EngineEventData
 
 from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
                     seconds_from_tag)

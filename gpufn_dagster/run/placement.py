@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..classes import GpuClass, suggestion
-from ..errors import PlacementError
+from ..classes import GpuClass, accept
+from ..errors import ClassRequestError, PlacementError
 from ..k8s_syntax import parse_quantity
 from ..tags import CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG, choice_request, class_choice
 from .kueue import kueue_labels
@@ -172,26 +172,10 @@ def resolve_placement(requests: Mapping[str, int], classes: Mapping[str, GpuClas
             "(build_definitions' default, or define_asset_job(..., executor_def=gpu_classes_executor)); or "
             "materialize each class's Functions in its own run")
     (request, count), = requests.items()
-    accepted: list[GpuClass] = []
-    for name in class_choice(request):
-        if name not in classes:
-            raise PlacementError(f"unknown GPU class {name!r}{suggestion(name, sorted(classes))}; configured "
-                                 f"classes: {', '.join(sorted(classes))}")
-        gpu_class = classes[name]
-        if count > gpu_class.max_gpu_count_per_worker:
-            raise PlacementError(f"{count} GPUs requested of class {name!r}, whose max_gpu_count_per_worker is "
-                                 f"{gpu_class.max_gpu_count_per_worker}")
-        if accepted and gpu_class.resource_name != accepted[0].resource_name:
-            raise PlacementError(f"classes {accepted[0].name!r} ({accepted[0].resource_name}) and {name!r} "
-                                 f"({gpu_class.resource_name}) name different GPU resources; one pod asks for one")
-        accepted.append(gpu_class)
-    if count < 1:
-        raise PlacementError(f"GPU count must be at least 1 for class {request!r}, got {count}")
-    if len({c.kueue is None for c in accepted}) > 1:
-        raise PlacementError(f"of the classes accepted together ({request}), "
-                             f"{', '.join(repr(c.name) for c in accepted if c.kueue)} are in Kueue mode and "
-                             f"{', '.join(repr(c.name) for c in accepted if not c.kueue)} not: Kueue admits a Job "
-                             "on one ClusterQueue's flavors, or the scheduler places it, never both")
+    try:
+        accepted = accept(request, count, classes)
+    except ClassRequestError as err:
+        raise PlacementError(f"GPU request {request!r} of {count} GPU: {err.problem}") from err
     return Placement(accepted[0], count, alternatives=tuple(accepted[1:]))
 
 

@@ -3,7 +3,7 @@
 Each GPU step claims a slot of its class's Dagster pool (`gpu-<class>`, limited to the class's
 `local.slots`), so a run whose GPU step finds every slot taken is already started and its page
 shows its event log. Dagster itself logs "Step blocked by limit for pool gpu-<class>"; the
-coordinator's sweep (`run.local`) reads the pools and, through these functions, adds what that
+coordinator's sweep (`embedded.coordinator`) reads the pools and, through these functions, adds what that
 line lacks: the class, who holds its slots, the place in line, since when, and the class's
 `max_wait`.
 """
@@ -94,8 +94,8 @@ def wait_message(wait: StepWait, gpu_class: GpuClass, ahead: list[StepWait]) -> 
 def pool_limits_now(pooled: Mapping[str, GpuClass], held: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, int]:
     """Each pool's limit for this pass, one count for a class's slots whichever pool they are
     claimed through: the steps of the pool that hold slots now, plus the free slots of its classes.
-    `pooled`: the classes and the choices of them (`run.local.pooled_classes`); `held`: per class,
-    who holds its slots (`run.slots.held_slots`: each record's `request` is the pool it claimed).
+    `pooled`: the classes and the choices of them (`embedded.coordinator.pooled_classes`); `held`: per class,
+    who holds its slots (`embedded.slots.held_slots`: each record's `request` is the pool it claimed).
 
     A choice whose classes are all held by single-class steps admits no step (its steps wait in
     Dagster's pool, said as any wait); a single-class step holding a slot leaves its choices one fewer.
@@ -139,7 +139,7 @@ def with_holders(wait: StepWait, held: Mapping[str, Sequence[Mapping[str, Any]]]
 
 def note_waits(notes: Sequence[Mapping[str, Any]], held: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[StepWait]:
     """The waits of steps that hold their pool's slot but not yet their classes' slots (their notes,
-    `run.slots.waiting_steps`, first waiting first): a choice whose classes another pool's steps hold,
+    `embedded.slots.waiting_steps`, first waiting first): a choice whose classes another pool's steps hold,
     or a step of several GPUs fewer of which are free. Their line is per request, by when they began.
 
     >>> waits = note_waits([{"run_id": "r9", "step_key": "e", "request": "a|b", "since": 5.0}],

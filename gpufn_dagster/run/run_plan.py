@@ -1,6 +1,6 @@
 """What the embedded path and the Kubernetes path share: reading a run, and one value that says how it runs.
 
-Both the local slots (`run.local`) and the Kubernetes launcher (`run.launcher`) need the GPU
+Both the local slots (`embedded.coordinator`) and the Kubernetes launcher (`run.k8s.launcher`) need the GPU
 request of a run -- read from the op tags of the steps it executes, since the UI's Materialize
 button sends no run tags -- and the same `classes_dir` config field. They live here, beneath both
 paths, so neither imports the other and the embedded mode never imports the Kubernetes client.
@@ -49,7 +49,7 @@ def run_step_tags(instance: DagsterInstance, run: DagsterRun) -> list[dict[str, 
             if not selected or key in selected]
 
 
-# The config field of gpufn's executor (`run.executor`): it names that executor to the launcher,
+# The config field of gpufn's executor (`assets.executor`): it names that executor to the launcher,
 # which sees a job's executor only through its config schema.
 STEP_PODS_FIELD = "gpu_step_pods"
 # The run worker's environment variable that carries the step pods' placements decided at launch

@@ -15,7 +15,7 @@ from dagster import DagsterRunStatus
 from dagster_graphql.client.query import LAUNCH_PIPELINE_REEXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from gpufn_dagster.refresh.warm import host_processes
+from gpufn_dagster.embedded.warm import host_processes
 
 from ..conftest import wait_for
 from ..helpers import docs_column as column, embedded, event_metadata, finish, said, submit

@@ -10,7 +10,7 @@ import kubernetes
 import pytest
 from dagster import DagsterInstance
 
-from gpufn_dagster.run.watch import CapacityWatcher
+from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, launcher_at
@@ -39,7 +39,7 @@ def test_the_sensor_says_a_tick_could_not_finish(tmp_path):
     import dagster as dg
     from dagster._core.test_utils import instance_for_test
 
-    from gpufn_dagster.run.watch import capacity_sensor
+    from gpufn_dagster.run.k8s.watch import capacity_sensor
     from gpufn_dagster.errors import KubernetesUnavailable
 
     with socket.socket() as frozen:

@@ -14,7 +14,7 @@ import yaml
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.test_utils import instance_for_test
 
-from gpufn_dagster.run.watch import CapacityWatcher
+from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.classes import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
@@ -314,7 +314,7 @@ def test_a_frozen_api_server_ends_the_sensor_tick_within_its_deadline_and_touche
     import dagster as dg
 
     from gpufn_dagster.errors import KubernetesUnavailable
-    from gpufn_dagster.run.watch import capacity_sensor
+    from gpufn_dagster.run.k8s.watch import capacity_sensor
 
     run_id, tags, logged = _waiting_run(core, namespace, instance, watcher)
     sensor = capacity_sensor()  # the shipped deadline: 10 s of API time per tick
@@ -339,7 +339,7 @@ def test_broken_class_files_skip_the_sensor_tick_refuse_new_gpu_runs_and_let_cpu
         cluster, core, namespace, instance, watcher, classes_dir, full_a100_pool):
     import dagster as dg
 
-    from gpufn_dagster.run.watch import capacity_sensor
+    from gpufn_dagster.run.k8s.watch import capacity_sensor
 
     run_id, tags, logged = _waiting_run(core, namespace, instance, watcher)
     l4 = classes_dir / "l4.yaml"
@@ -386,7 +386,7 @@ def test_orphan_cleanup_leaves_a_job_being_deleted_alone_and_a_job_already_gone_
     finally:
         batch.patch_namespaced_job(name, namespace, {"metadata": {"finalizers": None}})
     wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items}, what="gone")
-    from gpufn_dagster.run.watch import TickReport
+    from gpufn_dagster.run.k8s.watch import TickReport
 
     gone = TickReport()
     watcher._delete_job(name, namespace, gone)  # deleting a Job that is already gone counts as done

@@ -185,7 +185,7 @@ def test_too_many_gpus_for_the_class_fails_the_run(cluster, namespace, instance,
     run_id = materialize(instance, "frames__emb_a100")
     assert instance.get_run_by_id(run_id).status.value == "FAILURE"
     text = " ".join(str(e.dagster_event.event_specific_data) for e in instance.all_logs(run_id) if e.is_dagster_event)
-    assert "2 GPUs requested of class 'a100-80gb', whose max_gpu_count_per_worker is 1" in text
+    assert "2 GPUs exceeds class 'a100-80gb''s max_gpu_count_per_worker of 1" in text
     assert jobs(cluster, namespace) == []
 
 
@@ -206,7 +206,7 @@ def test_gpufn_executor_runs_a_run_mixing_classes_per_step_and_says_why(cluster,
     assert any("GPU placement per step (the run mixes GPU classes a100-80gb, l4, which one worker pod cannot serve)"
                in m for m in events), events
     # In the run worker, the executor sends a run placed per step to k8s_job_executor.
-    from gpufn_dagster.run.executor import placed_per_step, step_pods_config
+    from gpufn_dagster.assets.executor import placed_per_step, step_pods_config
 
     assert placed_per_step(run.tags)
     config = step_pods_config({"retries": {"enabled": {}}, "max_concurrent": 3,
@@ -222,7 +222,7 @@ def test_gpufn_executor_keeps_a_one_class_run_on_its_gpu_worker(cluster, namespa
     assert run.tags["gpufn/placement"] == "gpu" and run.tags["gpufn/gpu-class"] == "l4"
     pod, node = job_pod(cluster, namespace, run_id)
     assert node.metadata.labels["gpufn.dev/pool"] == "l4" and pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
-    from gpufn_dagster.run.executor import placed_per_step
+    from gpufn_dagster.assets.executor import placed_per_step
 
     assert not placed_per_step(run.tags)
 

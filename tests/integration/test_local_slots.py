@@ -19,7 +19,7 @@ import yaml
 from dagster import DagsterEventType, DagsterRunStatus
 
 from gpufn_dagster.classes import load_gpu_classes
-from gpufn_dagster.run.local import embedded_class_gauges
+from gpufn_dagster.embedded.coordinator import embedded_class_gauges
 
 
 from ..conftest import wait_for

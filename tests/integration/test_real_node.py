@@ -57,7 +57,7 @@ def test_a_shard_pod_on_a_real_node_runs_the_step_worker_and_fills_its_rows(real
     from dagster_k8s.container_context import K8sContainerContext
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
 
-    from gpufn_dagster.run.k8s_pods import placed_context
+    from gpufn_dagster.run.k8s.pods import placed_context
     from gpufn_dagster.run.placement import step_gpu_request
     from gpufn_dagster.run.run_plan import plan_run
     from gpufn_dagster.tags import RunKind

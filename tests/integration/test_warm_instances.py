@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 
-from gpufn_dagster.refresh.warm import host_processes, registered, stop_hosts
+from gpufn_dagster.embedded.warm import host_processes, registered, stop_hosts
 
 from ..conftest import wait_for
 from ..helpers import LOCAL_DEFS, embedded, submit
@@ -125,7 +125,7 @@ def test_a_slot_makes_room_only_among_its_own_instances(tmp_path, monkeypatch):
     from gpufn_dagster.classes import GpuClass
     from gpufn_dagster.refresh.execute import BatchFit, Rows
     from gpufn_dagster.refresh.progress import Progress
-    from gpufn_dagster.refresh.warm import Slot, WarmInstance
+    from gpufn_dagster.embedded.warm import Slot, WarmInstance
 
     monkeypatch.setenv("GPUFN_LANCEDB_URI", str(tmp_path / "lancedb"))  # warm_defs' table, for its definitions
     lancedb.connect(tmp_path / "lancedb").create_table("docs", pa.table({"id": [0], "text": ["a"]}))

@@ -16,9 +16,9 @@ import lancedb
 import pyarrow as pa
 from dagster import DagsterEventType, DagsterRunStatus
 
-from gpufn_dagster.procfs import alive, running_module, same_process, stat_fields
-from gpufn_dagster.refresh.warm import host_processes
-from gpufn_dagster.run.warm_worker import MODULE
+from gpufn_dagster.embedded.procfs import alive, running_module, same_process, stat_fields
+from gpufn_dagster.embedded.warm import host_processes
+from gpufn_dagster.embedded.warm_worker import MODULE
 from gpufn_dagster.tags import RUN_WORKER_TAG
 
 from ..conftest import wait_for

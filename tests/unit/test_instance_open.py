@@ -12,7 +12,7 @@ OPEN_TWICE = """
 import json, sys
 from alembic.script import ScriptDirectory
 from dagster import DagsterInstance
-from gpufn_dagster.dagster_private import reuse_alembic_scripts
+from gpufn_dagster.private_ledger import reuse_alembic_scripts
 
 loads = []
 real = ScriptDirectory._load_revisions

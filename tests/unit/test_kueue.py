@@ -83,7 +83,7 @@ def test_without_kueue_installed_the_watcher_reads_no_workloads_instead_of_faili
     import kubernetes
     from dagster._core.test_utils import instance_for_test
 
-    from gpufn_dagster.run.watch import CapacityWatcher
+    from gpufn_dagster.run.k8s.watch import CapacityWatcher
 
     class NoKueue:  # the API server's answer when Kueue's CRDs are not installed
         def list_namespaced_custom_object(self, *args, **kwargs):

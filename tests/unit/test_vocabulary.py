@@ -133,7 +133,7 @@ def test_every_error_the_package_defines_is_a_gpufn_error_from_the_errors_module
 
 
 def test_embedded_mode_never_imports_the_kubernetes_client():
-    code = ("import sys, gpufn_dagster, gpufn_dagster.run.local, gpufn_dagster.components, gpufn_dagster.assets.triggers, "
+    code = ("import sys, gpufn_dagster, gpufn_dagster.embedded.coordinator, gpufn_dagster.components, gpufn_dagster.assets.triggers, "
             "gpufn_dagster.assets.checks, gpufn_dagster.cli\n"
             "import docs_pipeline.udfs\n"
             "print(sorted(m for m in ('kubernetes', 'dagster_k8s', 'gpufn_devcluster', 'cryptography') "

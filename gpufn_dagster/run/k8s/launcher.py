@@ -38,16 +38,16 @@ from dagster import DagsterEventType, DagsterRun
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 
-from ..classes import ClassesDir, resolve_classes_dir
-from ..dagster_private import EngineEventData, LaunchRunContext
-from ..errors import GpuClassError, GpuPlacementRejected, PlacementError
-from ..tags import PLACEMENT_REJECTED, PLACEMENT_TAG, RunKind, run_gpu_tags
-from .k8s_api import API_ERRORS, api_error
-from .k8s_pods import placed_context
-from .placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
-from .run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunPlan, plan_run
+from ...classes import ClassesDir, resolve_classes_dir
+from ...private_ledger import EngineEventData, HoldsInstance, LaunchRunContext, k8s_api_host
+from ...errors import GpuClassError, GpuPlacementRejected, PlacementError
+from ...tags import PLACEMENT_REJECTED, PLACEMENT_TAG, RunKind, run_gpu_tags
+from .client import API_ERRORS, api_error
+from .pods import placed_context
+from ..placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
+from ..run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunPlan, plan_run
 
-class GpuK8sRunLauncher(K8sRunLauncher):
+class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
     """K8sRunLauncher whose GPU runs land on their class's node pool with the class's GPU limits.
 
     Args:
@@ -72,7 +72,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         """The run's plan (CPU, GPU or per-step); raises PlacementError / GpuClassError."""
         if run.run_id in self._plans:
             return self._plans[run.run_id]
-        return plan_run(self._instance, run, self._classes_dir)
+        return plan_run(self.instance, run, self._classes_dir)
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
@@ -87,7 +87,7 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             except API_ERRORS as err:
                 raise api_error(
                     err, "create the GPU run worker Job",
-                    f"the Kubernetes API at {self._api_client.batch_api.api_client.configuration.host} "
+                    f"the Kubernetes API at {k8s_api_host(self)} "
                     f"(namespace {self.job_namespace!r})",
                     when_unavailable="No Job was created; re-execute the run once the API answers.",
                     when_rejected="Re-executing the run will not help until that is fixed.") from err
@@ -110,19 +110,19 @@ class GpuK8sRunLauncher(K8sRunLauncher):
                     for pod_spec in _step_pod_specs(run.run_config):
                         check_no_extra_gpus(pod_spec, decided)
         except (PlacementError, GpuClassError) as err:
-            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: PLACEMENT_REJECTED})
+            self.instance.add_run_tags(run.run_id, {PLACEMENT_TAG: PLACEMENT_REJECTED})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
         return plan
 
     def _report_placement(self, run: DagsterRun, plan: RunPlan) -> None:
         """Tags and an event on the run saying where its GPU work goes, before its Job exists."""
         if plan.kind is RunKind.PER_STEP:
-            self._instance.add_run_tags(run.run_id, {PLACEMENT_TAG: RunKind.PER_STEP.value})
+            self.instance.add_run_tags(run.run_id, {PLACEMENT_TAG: RunKind.PER_STEP.value})
             mixed = (f" (the run mixes GPU classes {', '.join(plan.classes)}, which one worker pod cannot serve)"
                      if len(plan.classes) > 1 else
                      f" (the run spreads the refresh of {', '.join(plan.fanned_out)} over several GPU workers, "
                      "a step pod per shard)" if plan.fanned_out else "")
-            self._instance.report_engine_event(
+            self.instance.report_engine_event(
                 f"GPU placement per step{mixed}: the run worker is a CPU pod; each GPU step's pod goes to its "
                 f"class's node pool as decided now, at launch, from the class files in {self._classes_dir_shown()}",
                 run, EngineEventData({"GPU classes": ", ".join(plan.classes), **{
@@ -131,12 +131,12 @@ class GpuK8sRunLauncher(K8sRunLauncher):
             return
         placement = plan.placement
         gpu_class = placement.gpu_class
-        self._instance.add_run_tags(run.run_id, {**run_gpu_tags(placement.request, placement.gpu_count),
+        self.instance.add_run_tags(run.run_id, {**run_gpu_tags(placement.request, placement.gpu_count),
                                                  PLACEMENT_TAG: RunKind.GPU.value})
         queued = (f"; Kueue admits it from LocalQueue {gpu_class.kueue.local_queue!r} (its Job stays suspended "
                   "until then)" if gpu_class.kueue else "")
         either = " or ".join if placement.alternatives else "".join
-        self._instance.report_engine_event(
+        self.instance.report_engine_event(
             f"GPU placement: {placement.describe()}{queued}"
             + (" -- the first of them with room, as the scheduler finds it" if placement.alternatives else ""),
             run,
@@ -163,14 +163,14 @@ class GpuK8sRunLauncher(K8sRunLauncher):
         acknowledge the cancel, so without this the run would sit in CANCELING until Dagster's
         cancel timeout. CPU runs keep dagster-k8s's behaviour exactly.
         """
-        run = self._instance.get_run_by_id(run_id)
+        run = self.instance.get_run_by_id(run_id)
         gpu_run = run is not None and run.tags.get(PLACEMENT_TAG) in (RunKind.GPU.value, RunKind.PER_STEP.value)
-        started = run is not None and bool(self._instance.get_records_for_run(
+        started = run is not None and bool(self.instance.get_records_for_run(
             run_id, of_type=DagsterEventType.RUN_START, limit=1).records)
         terminated = super().terminate(run_id)
         if terminated and gpu_run and not started:
-            self._instance.report_run_canceled(
-                self._instance.get_run_by_id(run_id),
+            self.instance.report_run_canceled(
+                self.instance.get_run_by_id(run_id),
                 message="Canceled before its run worker started: its Kubernetes Job and waiting pod were deleted")
         return terminated
 

@@ -6,7 +6,7 @@ default of `build_definitions`) the Kubernetes launcher places such a run per st
 a CPU pod, each GPU step a pod of dagster-k8s's `k8s_job_executor` on its class's node pool, as
 decided at launch -- and tags it `gpufn/placement=per-step`; the executor reads that tag in the run
 worker and hands the steps to `k8s_job_executor`, whose step handler applies the decided
-placements (`run.k8s_pods.GpuStepHandler`). Every other run (one class, CPU only, and every run of the embedded
+placements (`run.k8s.pods.GpuStepHandler`). Every other run (one class, CPU only, and every run of the embedded
 mode) runs its steps in processes of the worker, as Dagster's default executor does.
 
 The step pods' own settings (`job_image`, `step_k8s_config`, ...: what `k8s_job_executor` takes)
@@ -25,11 +25,11 @@ import dagster as dg
 from dagster import Executor, InitExecutorContext
 
 from ..classes import cached_gpu_classes
-from ..dagster_private import EngineEventData, RetryMode, multiple_process_executor_requirements, process_config
+from ..private_ledger import EngineEventData, RetryMode, multiple_process_executor_requirements, process_config
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG, RunKind
-from . import forkserver
-from .run_plan import STEP_PODS_FIELD
+from ..embedded import forkserver
+from ..run.run_plan import STEP_PODS_FIELD
 
 
 def placed_per_step(run_tags: Mapping[str, str]) -> bool:
@@ -71,52 +71,20 @@ def local_step_limit() -> int:
 # Every option of Dagster's multiprocess executor, as its own schema declares them (so none drifts or goes missing).
 LOCAL_FIELDS: Mapping[str, dg.Field] = dg.multiprocess_executor.config_schema.config_type.fields
 
-# What a step of a gpufn run imports before it computes a row: Dagster, Arrow, Lance and the engine.
-# A forkserver imports them once per run; each step is then a fork of it, not a fresh interpreter
-# importing them again. None of them touches CUDA, so a step still initializes its device itself,
-# after its local slot has set CUDA_VISIBLE_DEVICES (a process forked after CUDA initialized could
-# not use it). The Function's own modules are added when the job was loaded from a module.
-PRELOAD_MODULES = ("dagster._core.executor.multiprocess", "dagster", "pyarrow", "lance", "lancedb",
-                   "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.fanout_asset",
-                   "gpufn_dagster.refresh.engine")
-# Preloaded last: the run's instance storage (`run.step_preload`).
-STEP_PRELOAD_MODULE = "gpufn_dagster.run.step_preload"
-
-
-def default_start_method() -> dict[str, Any]:
-    """The start method of a run's step processes when its config names none: a forkserver
-    preloading `PRELOAD_MODULES`, then the run's instance (`STEP_PRELOAD_MODULE`).
-
-    Not the job's module, which Dagster itself would preload: a code location that opens its
-    database when it loads (`build_definitions` checks its tables) starts Lance's thread pools,
-    which a step forked from that server does not inherit safely (a step crashed with SIGSEGV
-    when the location was preloaded). Each step loads its code location itself.
-
-    >>> default_start_method()
-    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.run.step_preload']}}
-    """
-    return {"forkserver": {"preload_modules": [*PRELOAD_MODULES, STEP_PRELOAD_MODULE]}}
-
-
-def default_preloads() -> tuple[str, ...]:
-    """What the forkserver of `default_start_method` imports: a warm run worker starts it ahead."""
-    return forkserver.preloads(default_start_method()["forkserver"], None)
-
-
 def local_executor_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The multiprocess executor's config of a run's in-worker steps: the options given, with gpufn's
     defaults for the two left unset -- a step limit counting the local GPU slots (`local_step_limit`)
-    and steps forked from a forkserver that preloaded the engine (`default_start_method`);
+    and steps forked from a forkserver that preloaded the engine (`forkserver.default_start_method`);
     `start_method: {spawn: {}}` brings back Dagster's default.
 
     >>> local_executor_config({"retries": {"enabled": {}}, "max_concurrent": 3})["start_method"]
-    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.run.step_preload']}}
+    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.embedded.step_preload']}}
     >>> local_executor_config({"max_concurrent": 3, "start_method": {"spawn": {}}})["start_method"]
     {'spawn': {}}
     """
     local = {key: config[key] for key in LOCAL_FIELDS if config.get(key) is not None}
     local.setdefault("max_concurrent", local_step_limit())
-    local.setdefault("start_method", default_start_method())
+    local.setdefault("start_method", forkserver.default_start_method())
     return local
 
 
@@ -125,7 +93,7 @@ _steps_here = False
 
 def steps_in_this_process() -> bool:
     """Whether this process is a run worker executing its run's steps itself (`in_process`): a GPU
-    step must then leave its device to its slot's own process (`refresh.warm.warm_instances`)."""
+    step must then leave its device to its slot's own process (`embedded.warm.warm_instances`)."""
     return _steps_here
 
 
@@ -177,7 +145,7 @@ def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = o
     placements the launcher decided at launch (in the run worker's environment, `environ`)."""
     from dagster_k8s import k8s_job_executor
 
-    from .k8s_pods import GpuStepHandler, step_placements_from_env
+    from ..run.k8s.pods import GpuStepHandler, step_placements_from_env
 
     pods = k8s_job_executor.executor_creation_fn(InitExecutorContext(
         job=init.job, executor_def=k8s_job_executor, executor_config=step_pods_config(init.executor_config),

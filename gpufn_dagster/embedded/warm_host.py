@@ -1,6 +1,6 @@
 """The process that keeps one Function instance warm on one local slot (embedded mode).
 
-Started by the first step that needs the instance (`refresh.warm`), in a session of its own, so
+Started by the first step that needs the instance (`embedded.warm`), in a session of its own, so
 it outlives that step and its run. It loads the Function (its class constructed, its model on the
 slot's device, `CUDA_VISIBLE_DEVICES` inherited from the step), then answers calls: an Arrow
 record batch of inputs in, the output array and the failed rows out (`execute.call_function`,
@@ -13,7 +13,7 @@ launched the run that started it (the daemon, `dagster dev`) is gone, on SIGTERM
 needed the room), and if loading fails (the error is left for the step that waits, in
 `<key>.error`).
 
-    python -m gpufn_dagster.refresh.warm_host <spec file>
+    python -m gpufn_dagster.embedded.warm_host <spec file>
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..function_spec.code_version import format_exc, format_exception
-from ..procfs import alive
+from .procfs import alive
 
 
 def _resident_bytes() -> int:
@@ -73,7 +73,7 @@ class Host:
         os.replace(temporary, self.entry)
 
     def serve(self, connection: Connection) -> None:
-        from .execute import BatchFit, Rows, call_function
+        from ..refresh.execute import BatchFit, Rows, call_function
 
         self.busy += 1
         try:

@@ -2,7 +2,7 @@
 constructed, its model on the slot's device) outlives the step that loaded it, so the next step of
 the same Function version on the same local slot computes at once instead of loading it again.
 
-Design: one long-lived process per kept instance (`refresh.warm_host`), started by the first step
+Design: one long-lived process per kept instance (`embedded.warm_host`), started by the first step
 of a Function version on a local slot, in a session of its own. The steps that hold that slot
 later hand it their calls over a Unix socket -- an Arrow record batch in, the output array and
 the failed rows out -- and it runs the engine's `call_function` on them, so the error policy and
@@ -11,7 +11,7 @@ forkserver because each run is a process of its own (runs never share memory), a
 process per slot serving several versions because a process that imported one version's modules
 cannot import another's: one process, one version, one device, so two never share an instance.
 
-- Keyed by (class, slot, device, Function version, settings): the slot's lock (`run.slots`) means
+- Keyed by (class, slot, device, Function version, settings): the slot's lock (`embedded.slots`) means
   one step at a time uses a slot's instances; nothing is shared between versions, devices or
   settings, and an instance of the same version loaded with other settings is ended when found.
 - Bounded by the class's `local.warm`: `idle` (unused that long, the process ends), `instances`
@@ -55,16 +55,16 @@ from ..classes import GpuClass
 from ..errors import FunctionDefinitionError, FunctionFailed, RefreshStopped
 from ..function_spec.functions import Function
 from ..loaded_code import settings_digest
-from ..procfs import alive, command_words, running_module, stat_fields
+from .procfs import alive, command_words, running_module, stat_fields
 from ..tags import time_tag
-from .execute import BatchFit, RowError, Rows
-from .progress import Progress
-from .worker import FunctionInstance, InstanceSource, loading
+from ..refresh.execute import BatchFit, RowError, Rows
+from ..refresh.progress import Progress
+from ..refresh.worker import FunctionInstance, InstanceSource, loading
 
-HOST_MODULE = "gpufn_dagster.refresh.warm_host"
+HOST_MODULE = "gpufn_dagster.embedded.warm_host"
 # Processes that stand between a step and the process that launched its run: skipped when
 # looking for the owner a warm instance's process lives no longer than.
-_RUN_PROCESSES = ("api execute_run", "api execute_step", "multiprocessing", "gpufn_dagster.run.warm_worker")
+_RUN_PROCESSES = ("api execute_run", "api execute_step", "multiprocessing", "gpufn_dagster.embedded.warm_worker")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def stop_hosts(directory: Path) -> list[int]:
 
 def host_processes(under: Path | None = None) -> list[int]:
     """The pids of the warm instances' processes running on this machine (those whose registry is
-    under `under`, when given): what `ps` would show as `python -m gpufn_dagster.refresh.warm_host`."""
+    under `under`, when given): what `ps` would show as `python -m gpufn_dagster.embedded.warm_host`."""
     return [pid for pid in running_module(HOST_MODULE)
             if under is None or any(w.startswith(str(under)) for w in command_words(pid))]
 
@@ -329,7 +329,7 @@ def unsendable(function: Function) -> str | None:
 def warm_instances(gpu_class: GpuClass | None, held: Any, say: Callable[[str], None],
                    in_run_worker: bool = False) -> InstanceSource:
     """Where a step's refresh gets its Function's instance: the warm process of the local slot it
-    holds (`held`: `run.slots.HeldSlots`, its first slot for a step of several GPUs) when its class
+    holds (`held`: `embedded.slots.HeldSlots`, its first slot for a step of several GPUs) when its class
     keeps instances (`local.warm.idle` > 0) and the Function can be sent to another process; else
     loaded in the step (the log says why when it could not be sent).
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from ..classes import GpuClass
-from ..procfs import flocked
+from .procfs import flocked
 from ..tags import GOT_CLASS_TAG, PLACEMENT_TAG, RunKind, choice_request
-from .run_plan import choice_note, tag_got_class
+from ..run.run_plan import choice_note, tag_got_class
 
 
 WAITING_DIR = "waiting"  # under the slot locks' directory: one note per step waiting here for its slots
@@ -214,7 +214,7 @@ def slot_dir(instance: Any) -> Path:
 def step_slot(context: Any, accepted: tuple[GpuClass, ...], gpus: int = 1) -> Iterator[StepClass]:
     """Embedded mode: hold `gpus` local slots (and their devices) of the first of the Function's
     classes that has them free, while a GPU step runs; yields the class the step got and what it
-    holds (the step's warm Function instances live there: `refresh.warm`).
+    holds (the step's warm Function instances live there: `embedded.warm`).
 
     The pool let the step start; the slots say which class and devices it uses
     (CUDA_VISIBLE_DEVICES), in the step's own process. A step that got a class other than its

@@ -13,7 +13,7 @@ class's slots waits: never failed, never run on CPU. The run's page shows the wa
 log: Dagster's "Step blocked by limit for pool gpu-<class>" at once and, on the queue daemon's
 next pass, a line saying which class, who holds its slots, the place in line and the max_wait
 (`run.pools`); the runs list shows the run's `gpufn/capacity` tags. Which slot -- and device -- a
-step got is `run.slots`'s business.
+step got is `embedded.slots`'s business.
 
 Dagster's run queue would by default hold a run whose first step's pool is full (QUEUED), and the
 UI shows a queued run's page without its event log, so this coordinator turns
@@ -30,18 +30,18 @@ from typing import Any
 from dagster import DagsterRunStatus, RunsFilter
 from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
-from ..classes import GpuClass, accepted_classes, cached_gpu_classes, choice_view, resolve_classes_dir
-from ..dagster_private import EngineEventData
+from ..classes import GpuClass, accept, cached_gpu_classes, choice_view, resolve_classes_dir
+from ..private_ledger import EngineEventData, HoldsInstance
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
                     HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
                     CapacityReason, CapacityState, RunKind, class_choice, gpu_pool, pool_class, time_tag, waiting_since)
-from .capacity import past_max_wait
-from .estimate import waited_tag
-from .gauges import ClassGauges, embedded_gauges
-from .history import report_estimates
-from .pools import StepWait, note_waits, pool_limits_now, step_waits, wait_message, with_holders
-from .run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
+from ..run.capacity import past_max_wait
+from ..run.estimate import waited_tag
+from ..run.gauges import ClassGauges, embedded_gauges
+from ..run.history import report_estimates
+from ..run.pools import StepWait, note_waits, pool_limits_now, step_waits, wait_message, with_holders
+from ..run.run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 from .slots import held_slots, slot_dir, waiting_steps
 
 
@@ -63,7 +63,7 @@ def pooled_classes(classes: Mapping[str, GpuClass], requests: Iterable[str]) -> 
     """
     out = dict(classes)
     for request in requests:
-        accepted = accepted_classes(request, classes)
+        accepted = accept(request, None, classes, lenient=True)
         if len(accepted) > 1:
             out[request] = choice_view(accepted)
     return out
@@ -97,7 +97,7 @@ def slot_waits(instance: DagsterInstance, classes: Iterable[str]) -> tuple[list[
 def all_waits(instance: DagsterInstance, classes: Mapping[str, GpuClass],
               held: Mapping[str, list[dict[str, Any]]]) -> list[StepWait]:
     """Every GPU step waiting for local slots: those Dagster's pools hold back, and those that got
-    their pool's slot but wait for their classes' slots (`run.slots.waiting_steps`: a choice whose
+    their pool's slot but wait for their classes' slots (`embedded.slots.waiting_steps`: a choice whose
     classes other pools' steps hold), the latter only of runs still going."""
     waits, _claimed = slot_waits(instance, classes)
     notes = waiting_steps(slot_dir(instance))
@@ -122,7 +122,7 @@ def single_classes(pooled: Mapping[str, GpuClass]) -> list[GpuClass]:
     return [c for name, c in pooled.items() if len(class_choice(name)) == 1]
 
 
-class GpuQueuedRunCoordinator(QueuedRunCoordinator):
+class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
     """QueuedRunCoordinator whose GPU steps wait, each for a local slot of its class, inside a started run.
 
     Args:
@@ -155,35 +155,35 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         # which pool limits follow the class files, waits are described, and tags end. Class files
         # that do not load hold the GPU runs (a tag limit of 0) and nothing else; once they load,
         # the held runs are placed and go.
-        release_ended_runs(self._instance)
+        release_ended_runs(self.instance)
         config = super().get_run_queue_config()
         try:
             classes = cached_gpu_classes(self._classes_dir)
         except GpuClassError:
             return config._replace(tag_concurrency_limits=[*config.tag_concurrency_limits, HELD_BY_INVALID_CLASSES])
         self._release_held()
-        if self._instance.event_log_storage.supports_global_concurrency_limits:
-            limits = pool_limits(self._instance)
+        if self.instance.event_log_storage.supports_global_concurrency_limits:
+            limits = pool_limits(self.instance)
             pooled = pooled_classes(classes, limits)
-            held = held_slots(slot_dir(self._instance), single_classes(pooled))
+            held = held_slots(slot_dir(self.instance), single_classes(pooled))
             self._sync_pool_limits(pool_limits_now(pooled, held), limits)
             self._report_waits(pooled, held, time.time())
         return config
 
     def _release_held(self) -> None:
         """Place the runs held while the class files did not load (or fail those that cannot be placed)."""
-        held = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
+        held = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED],
                                                   tags={CAPACITY_REASON_TAG: CapacityReason.CLASSES_INVALID.value}))
         for run in held:
             try:
-                placed = self._placed(run, class_placements(self._instance, run, self._classes_dir))
+                placed = self._placed(run, class_placements(self.instance, run, self._classes_dir))
             except (GpuClassError, PlacementError) as err:
-                self._instance.report_run_failed(run, f"GPU run not started: {err}")
+                self.instance.report_run_failed(run, f"GPU run not started: {err}")
                 continue
             if placed.status == DagsterRunStatus.FAILURE:  # it can never get its slots here: said on its page
                 continue
-            self._instance.add_run_tags(run.run_id, {CAPACITY_REASON_TAG: CapacityReason.CLASSES_LOADED.value})
-            self._instance.report_engine_event(
+            self.instance.add_run_tags(run.run_id, {CAPACITY_REASON_TAG: CapacityReason.CLASSES_LOADED.value})
+            self.instance.report_engine_event(
                 "The GPU class files load again: the run goes to the run queue", run,
                 EngineEventData({"Class files": str(resolve_classes_dir(self._classes_dir)),
                                  "Capacity reason": CapacityReason.CLASSES_LOADED.value}), cls=self.__class__)
@@ -192,15 +192,15 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         run = context.dagster_run
         try:
             # Raises for an unknown class or too many GPUs; several classes in one run are fine here.
-            placements = class_placements(self._instance, run, self._classes_dir)
+            placements = class_placements(self.instance, run, self._classes_dir)
         except GpuClassError as err:  # the class files do not load: hold this GPU run until they do
-            self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.WAITING.value,
+            self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.WAITING.value,
                                                      CAPACITY_REASON_TAG: CapacityReason.CLASSES_INVALID.value})
-            self._instance.report_engine_event(
+            self.instance.report_engine_event(
                 f"Held in the queue: its GPU steps need a GPU class and the class files do not load. Fix them; "
                 f"the run then starts without a restart. {err}", run,
                 EngineEventData({"Class files": str(resolve_classes_dir(self._classes_dir))}), cls=self.__class__)
-            return super().submit_run(SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace))
+            return super().submit_run(SubmitRunContext(self.instance.get_run_by_id(run.run_id), context.workspace))
         run = self._placed(run, placements)
         if run.status == DagsterRunStatus.FAILURE:
             return run
@@ -218,22 +218,22 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
             if empty or too_big:
                 # A step that can never get its slots would wait forever: refuse the run now, saying why.
                 name = (empty or too_big)[0]
-                self._instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED,
+                self.instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED,
                                                          CAPACITY_TAG: CapacityState.NEVER_FITS.value,
                                                          CAPACITY_REASON_TAG: CapacityReason.NEVER_FITS.value})
-                self._instance.report_run_failed(run, (
+                self.instance.report_run_failed(run, (
                     f"GPU class {name!r} has local.slots: 0, so no step of it can run on this machine "
                     "(embedded mode); give it slots in its class file, or run it on Kubernetes" if empty else
                     f"This run can never start here: a step asks for {placements[name].gpu_count} GPUs of class "
                     f"{name!r}, whose local.slots is {max(slots[name])} (a slot is one GPU); "
                     "give the class more slots in its file, ask for fewer GPUs, or run it on Kubernetes"))
-                return self._instance.get_run_by_id(run.run_id)
-            self._instance.add_run_tags(run.run_id, tags)
-            if self._instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
+                return self.instance.get_run_by_id(run.run_id)
+            self.instance.add_run_tags(run.run_id, tags)
+            if self.instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
                 pooled = pooled_classes({c.name: c for p in placements.values() for c in p.accepted}, names)
-                held = held_slots(slot_dir(self._instance), single_classes(pooled))
-                self._sync_pool_limits(pool_limits_now(pooled, held), pool_limits(self._instance))
-            run = self._instance.get_run_by_id(run.run_id)
+                held = held_slots(slot_dir(self.instance), single_classes(pooled))
+                self._sync_pool_limits(pool_limits_now(pooled, held), pool_limits(self.instance))
+            run = self.instance.get_run_by_id(run.run_id)
         return run
 
     def _sync_pool_limits(self, wanted: Mapping[str, int], limits: Mapping[str, int]) -> None:
@@ -242,20 +242,20 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         pools' steps hold), given the pools' `limits` now (`pool_limits`)."""
         for name, limit in wanted.items():
             if limits.get(name) != limit:
-                self._instance.event_log_storage.set_concurrency_slots(gpu_pool(name), limit)
+                self.instance.event_log_storage.set_concurrency_slots(gpu_pool(name), limit)
 
     def _report_waits(self, classes: Mapping[str, GpuClass], held: Mapping[str, list[dict[str, Any]]],
                       now: float) -> None:
         """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits
         end: a run is `running` once its steps hold their slots (`held`), not when Dagster's pool admits them."""
-        waits = all_waits(self._instance, classes, held)
+        waits = all_waits(self.instance, classes, held)
         by_run: dict[str, list[StepWait]] = defaultdict(list)
         for wait in waits:
             by_run[wait.run_id].append(wait)
         still_waiting: dict[str, DagsterRun] = {}
         for run_id, run_waits in by_run.items():
             run_waits = [w for w in run_waits if w.gpu_class in classes]
-            run = self._instance.get_run_by_id(run_id)
+            run = self.instance.get_run_by_id(run_id)
             if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
                 if self._report_run_waits(run, run_waits, waits, classes, now):
                     still_waiting[run_id] = run
@@ -267,22 +267,22 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         """Tag `running` the runs whose GPU steps hold local slots (`holding`), so the runs list shows
         who has the GPU, and the runs that waited and whose steps no longer do (not in `waiting`);
         say on the latter's page how long they waited."""
-        waited = [r for r in self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
+        waited = [r for r in self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
                                                                 tags={CAPACITY_TAG: CapacityState.WAITING.value}))
                   if r.run_id not in waiting]
-        fresh = [r for r in self._instance.get_runs(RunsFilter(run_ids=sorted(holding)))
+        fresh = [r for r in self.instance.get_runs(RunsFilter(run_ids=sorted(holding)))
                  if r.status == DagsterRunStatus.STARTED and CAPACITY_TAG not in r.tags] if holding else []
         for run in fresh:  # got its slots without waiting
-            self._instance.add_run_tags(run.run_id, {
+            self.instance.add_run_tags(run.run_id, {
                 CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
                 HOLDING_SINCE_TAG: time_tag(now)})
         for run in waited:
             seconds = now - waiting_since(run.tags, now)
-            self._instance.add_run_tags(run.run_id, {
+            self.instance.add_run_tags(run.run_id, {
                 CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
                 HOLDING_SINCE_TAG: time_tag(now),
                 **({WAIT_ESTIMATE_TAG: waited_tag(seconds)} if WAIT_ESTIMATE_TAG in run.tags else {})})
-            self._instance.report_engine_event(
+            self.instance.report_engine_event(
                 f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
                 EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
 
@@ -294,7 +294,7 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         for wait in sorted(waits, key=lambda w: w.position):
             if wait.run_id in runs:
                 lines[wait.gpu_class].setdefault(wait.run_id, runs[wait.run_id])
-        report_estimates(self._instance, {name: list(line.values()) for name, line in lines.items()},
+        report_estimates(self.instance, {name: list(line.values()) for name, line in lines.items()},
                          {name: c.local.slots for name, c in classes.items()}, now, self.__class__)
 
     def _report_run_waits(self, run: DagsterRun, run_waits: list[StepWait], waits: list[StepWait],
@@ -308,13 +308,13 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
         digest = ";".join(w.digest for w in run_waits)
         if run.tags.get(CAPACITY_REPORTED_TAG) == digest:
             return True  # nothing new since the last report
-        self._instance.add_run_tags(run.run_id, {
+        self.instance.add_run_tags(run.run_id, {
             CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.LOCAL_SLOTS_IN_USE.value,
             WAITING_SINCE_TAG: time_tag(min(w.since for w in run_waits)), CAPACITY_REPORTED_TAG: digest})
         for wait in run_waits:
             gpu_class = classes[wait.gpu_class]
             ahead = [w for w in waits if w.gpu_class == wait.gpu_class and w.position < wait.position]
-            self._instance.report_engine_event(
+            self.instance.report_engine_event(
                 wait_message(wait, gpu_class, ahead), run,
                 EngineEventData({"GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
                                  "Position": f"{wait.position} of {wait.waiting}",
@@ -327,9 +327,9 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
 
     def _give_up(self, run: DagsterRun, wait: StepWait, gpu_class: GpuClass, waited: float) -> None:
         """End a run whose GPU step waited past its class's max_wait (as on Kubernetes), saying why."""
-        self._instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
+        self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
                                                  CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
-        self._instance.report_engine_event(
+        self.instance.report_engine_event(
             f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
             f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use. "
             "Terminating the run.", run,
@@ -337,4 +337,4 @@ class GpuQueuedRunCoordinator(QueuedRunCoordinator):
                              "max_wait seconds": gpu_class.max_wait.total_seconds(),
                              "Capacity reason": CapacityReason.MAX_WAIT_EXCEEDED.value}),
             cls=self.__class__, step_key=wait.step_key)
-        self._instance.run_launcher.terminate(run.run_id)
+        self.instance.run_launcher.terminate(run.run_id)

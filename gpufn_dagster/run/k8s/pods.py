@@ -21,11 +21,11 @@ from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.executor import K8sStepHandler
 from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
-from ..dagster_private import EngineEventData, StepHandlerContext
-from ..errors import PlacementError
-from .placement import (K8S_CONFIG_SECTIONS, PodPlacement, check_no_extra_gpus, decode_step_placements, enforce_placement,
+from ...private_ledger import EngineEventData, StepHandlerContext, adopt_step_handler, step_key_of
+from ...errors import PlacementError
+from ..placement import (K8S_CONFIG_SECTIONS, PodPlacement, check_no_extra_gpus, decode_step_placements, enforce_placement,
                         step_gpu_request)
-from .run_plan import STEP_PLACEMENTS_ENV
+from ..run_plan import STEP_PLACEMENTS_ENV
 
 def placed_context(context: K8sContainerContext, decided: PodPlacement) -> K8sContainerContext:
     """`context` with the decided placement checked and enforced over everything it holds.
@@ -62,8 +62,7 @@ class GpuStepHandler(K8sStepHandler):
     def over(cls, handler: K8sStepHandler, placements: Mapping[str, PodPlacement]) -> GpuStepHandler:
         """`handler` as k8s_job_executor configured it (its client, image and config layers, taken
         whole so none is rebuilt differently here), with the decided placements as its last layer."""
-        placing = cls.__new__(cls)
-        placing.__dict__.update(vars(handler))
+        placing = adopt_step_handler(handler, cls)
         placing._placements = dict(placements)
         return placing
 
@@ -72,7 +71,7 @@ class GpuStepHandler(K8sStepHandler):
         return "GpuStepHandler"
 
     def _decided(self, step_handler_context: StepHandlerContext) -> PodPlacement | None:
-        step_key = self._get_step_key(step_handler_context)
+        step_key = step_key_of(self, step_handler_context)
         request = step_gpu_request(step_handler_context.step_tags[step_key])
         if request is None:
             return None
@@ -90,7 +89,7 @@ class GpuStepHandler(K8sStepHandler):
     def launch_step(self, step_handler_context: StepHandlerContext) -> Iterator[DagsterEvent]:
         decided = self._decided(step_handler_context)
         if decided is not None:
-            step_key = self._get_step_key(step_handler_context)
+            step_key = step_key_of(self, step_handler_context)
             kueue = {"Kueue priority class": decided.priority_class} if decided.priority_class else {}
             yield DagsterEvent.engine_event(
                 step_handler_context.get_step_context(step_key),

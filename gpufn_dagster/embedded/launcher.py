@@ -1,5 +1,5 @@
 """The embedded mode's run launcher: Dagster's default launcher, with each code location's next run
-worker started before its run (a warm run worker, `run.warm_worker`).
+worker started before its run (a warm run worker, `embedded.warm_worker`).
 
     run_launcher:
       module: gpufn_dagster            # the package exports GpuLocalRunLauncher
@@ -37,8 +37,9 @@ from typing import Any
 import dagster as dg
 from dagster import DefaultRunLauncher, serialize_value
 
-from ..dagster_private import EngineEventData, ExecuteRunArgs, InstanceRef, LaunchRunContext, RepositoryPythonOrigin
-from ..procfs import identity, same_process
+from ..private_ledger import (EngineEventData, ExecuteRunArgs, HoldsInstance, InstanceRef, LaunchRunContext,
+                              RepositoryPythonOrigin, note_launched)
+from .procfs import identity, same_process
 from ..tags import RUN_WORKER_TAG
 from .warm_worker import MODULE
 
@@ -89,7 +90,7 @@ class WarmWorker:
             self.process.wait()
 
 
-class GpuLocalRunLauncher(DefaultRunLauncher):
+class GpuLocalRunLauncher(HoldsInstance, DefaultRunLauncher):
     """Dagster's `DefaultRunLauncher` whose runs start in a warm run worker of their code location.
 
     Example:
@@ -130,7 +131,7 @@ class GpuLocalRunLauncher(DefaultRunLauncher):
         key = serialize_value(repository) + location
 
         def start() -> WarmWorker:
-            return WarmWorker(repository, self._instance.get_ref(), location)
+            return WarmWorker(repository, self.instance.get_ref(), location)
 
         with self._lock:
             worker = self._next.pop(key, None)
@@ -139,9 +140,9 @@ class GpuLocalRunLauncher(DefaultRunLauncher):
             fresh = worker is None
             worker = worker or start()
             ready = worker.ready()
-            worker.hand(ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref()))
+            worker.hand(ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=self.instance.get_ref()))
             self._next[key] = start()
-        self._instance.add_run_tags(run.run_id, {RUN_WORKER_TAG: worker.identity})
+        self.instance.add_run_tags(run.run_id, {RUN_WORKER_TAG: worker.identity})
         age = time.monotonic() - worker.started
         if fresh:
             said = ("No warm run worker of this code location was waiting (its first run since the daemon started, or "
@@ -152,21 +153,21 @@ class GpuLocalRunLauncher(DefaultRunLauncher):
         else:
             said = (f"Handed to the warm run worker, process {worker.process.pid}, started {age:.1f}s ago and still "
                     "loading the code location: the run starts when it has.")
-        self._instance.report_engine_event(said, run, EngineEventData({
+        self.instance.report_engine_event(said, run, EngineEventData({
             "Run worker pid": str(worker.process.pid), "Warm": str(not fresh),
             "Seconds since it started": round(age, 3)}), cls=self.__class__)
-        self._run_ids.add(run.run_id)
+        note_launched(self, run.run_id)
 
     def terminate(self, run_id: str) -> bool:
-        run = self._instance.get_run_by_id(run_id)
+        run = self.instance.get_run_by_id(run_id)
         if run is None or RUN_WORKER_TAG not in run.tags:
             return super().terminate(run_id)
         if run.is_finished:
             return False
-        self._instance.report_run_canceling(run)
+        self.instance.report_run_canceling(run)
         pid = same_process(run.tags[RUN_WORKER_TAG])
         if pid is None:
-            self._instance.report_engine_event(
+            self.instance.report_engine_event(
                 f"Its run worker ({run.tags[RUN_WORKER_TAG]}) is no longer running: nothing to interrupt.", run,
                 cls=self.__class__)
             return False

@@ -2,7 +2,7 @@
 every step forks with the instance's storage already imported -- on this 2-core machine about 1.1 s
 of imports (SQLAlchemy, Alembic, Dagster's storage) that each step would otherwise do itself, most
 of a small step's start -- and the alembic scripts its schema checks read already loaded (another
-0.45 s a step, `dagster_private.reuse_alembic_scripts`).
+0.45 s a step, `private_ledger.reuse_alembic_scripts`).
 
 Which instance is in `$GPUFN_STEP_PRELOAD` (`forkserver.preload_spec`), set by the run worker's
 executor before its first step, or by a warm run worker before it starts its forkserver ahead.
@@ -18,7 +18,7 @@ import os
 
 from dagster import DagsterInstance, deserialize_value
 
-from ..dagster_private import InstanceRef, reuse_alembic_scripts
+from ..private_ledger import InstanceRef, reuse_alembic_scripts
 from .forkserver import STEP_PRELOAD_ENV
 
 

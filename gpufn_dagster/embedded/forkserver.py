@@ -2,15 +2,15 @@
 
 Dagster's multiprocess executor starts multiprocessing's forkserver when a run launches its first
 step: a fresh interpreter importing the preloaded modules (Dagster, Arrow, Lance, the engine), some
-seconds before the first step can fork. A warm run worker (`run.warm_worker`) starts it while it
+seconds before the first step can fork. A warm run worker (`embedded.warm_worker`) starts it while it
 waits for its run instead, so the run's steps fork at once. What the forkserver imported and the
 environment it inherited are fixed when it starts; a run whose steps would start a different one --
 another start method or preload list in its run config, or an environment changed since (a secret
 injected for the code location) -- gets its own, exactly as without a warm worker: the one started
 ahead is stopped first (`fit`).
 
-multiprocessing keeps one forkserver per process and has no public way to stop it; its `ForkServer`
-(`_forkserver`, its pid and `_stop`, what CPython's own tests use) is the private part this module touches.
+multiprocessing keeps one forkserver per process and has no public way to stop it; the ledger's
+`private_ledger.stop_forkserver` reaches its private parts.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import serialize_value
 
-from ..dagster_private import InstanceRef
+from ..private_ledger import InstanceRef, stop_forkserver
 
-# Which instance the step forkserver opens once, to import its storage (`run.step_preload`, the
+# Which instance the step forkserver opens once, to import its storage (`embedded.step_preload`, the
 # last of the executor's default preloads, reads it). The run worker's executor sets it before its
 # first step; a warm run worker before it starts its forkserver.
 STEP_PRELOAD_ENV = "GPUFN_STEP_PRELOAD"
@@ -97,10 +96,7 @@ def stop_ahead() -> None:
     killed, not asked: one still importing its preloads would only hear the request once done."""
     global _started
     if _started is not None:
-        server = multiprocessing.forkserver._forkserver
-        if server._forkserver_pid is not None:
-            os.kill(server._forkserver_pid, signal.SIGKILL)
-        server._stop()
+        stop_forkserver()
         _started = None
 
 
@@ -114,3 +110,35 @@ def fit(start_method: Mapping[str, Any], job_module: str | None) -> str | None:
     if why is not None:
         stop_ahead()
     return why
+
+
+# What a step of a gpufn run imports before it computes a row: Dagster, Arrow, Lance and the engine.
+# A forkserver imports them once per run; each step is then a fork of it, not a fresh interpreter
+# importing them again. None of them touches CUDA, so a step still initializes its device itself,
+# after its local slot has set CUDA_VISIBLE_DEVICES (a process forked after CUDA initialized could
+# not use it). The Function's own modules are added when the job was loaded from a module.
+PRELOAD_MODULES = ("dagster._core.executor.multiprocess", "dagster", "pyarrow", "lance", "lancedb",
+                   "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.fanout_asset",
+                   "gpufn_dagster.refresh.engine")
+# Preloaded last: the run's instance storage (`step_preload`).
+STEP_PRELOAD_MODULE = "gpufn_dagster.embedded.step_preload"
+
+
+def default_start_method() -> dict[str, Any]:
+    """The start method of a run's step processes when its config names none: a forkserver
+    preloading `PRELOAD_MODULES`, then the run's instance (`STEP_PRELOAD_MODULE`).
+
+    Not the job's module, which Dagster itself would preload: a code location that opens its
+    database when it loads (`build_definitions` checks its tables) starts Lance's thread pools,
+    which a step forked from that server does not inherit safely (a step crashed with SIGSEGV
+    when the location was preloaded). Each step loads its code location itself.
+
+    >>> default_start_method()
+    {'forkserver': {'preload_modules': [..., 'gpufn_dagster.refresh.engine', 'gpufn_dagster.embedded.step_preload']}}
+    """
+    return {"forkserver": {"preload_modules": [*PRELOAD_MODULES, STEP_PRELOAD_MODULE]}}
+
+
+def default_preloads() -> tuple[str, ...]:
+    """What the forkserver of `default_start_method` imports: a warm run worker starts it ahead."""
+    return preloads(default_start_method()["forkserver"], None)

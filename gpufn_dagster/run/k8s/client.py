@@ -19,7 +19,7 @@ import urllib3
 from dagster_k8s.client import (DagsterK8sAPIRetryLimitExceeded, DagsterK8sError, DagsterK8sUnrecoverableAPIError,
                                 k8s_api_retry)
 
-from ..errors import KubernetesRejected, KubernetesUnavailable
+from ...errors import KubernetesRejected, KubernetesUnavailable
 
 # (connect, read) seconds for each call; a frozen API server then ends a watcher tick instead of hanging it.
 REQUEST_TIMEOUT = (5.0, 20.0)

@@ -22,7 +22,7 @@ still waits or runs, so no launched run leaves an orphan behind; and fails a STA
 pod and Job are gone (a lost spot node, a deleted pod whose Job gave up), which would otherwise
 stay STARTING forever with the start timeout off.
 
-Every Kubernetes call goes through `k8s_api.call` (a request timeout, dagster-k8s's retry of
+Every Kubernetes call goes through `client.call` (a request timeout, dagster-k8s's retry of
 transient errors), so a frozen API server ends a tick with that reason; the next tick starts afresh.
 """
 
@@ -38,20 +38,20 @@ import dagster as dg
 import kubernetes
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from ..classes import ClassesDir, GpuClass, accepted_classes, cached_gpu_classes, choice_view
-from ..dagster_private import EngineEventData
-from ..errors import GpuClassError
-from ..tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
+from ...classes import ClassesDir, GpuClass, accept, cached_gpu_classes, choice_view
+from ...private_ledger import EngineEventData
+from ...errors import GpuClassError
+from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
                     RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
-from . import kueue
-from .capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
+from .. import kueue
+from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
                        pod_verdict, queue_positions)
-from .gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
-from .history import report_estimates
-from .k8s_api import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
+from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
+from ..history import report_estimates
+from .client import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
-from .run_plan import choice_note, release_ended_runs, tag_got_class
+from ..run_plan import choice_note, release_ended_runs, tag_got_class
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
@@ -92,7 +92,7 @@ class TickReport:
         counts = pod_counts(pods)
         lines = {name: (gpu_class,) for name, gpu_class in classes.items()}
         for name in {*counts, *self.classes} - set(classes):
-            if len(accepted := accepted_classes(name, classes)) > 1:
+            if len(accepted := accept(name, None, classes, lenient=True)) > 1:
                 lines[name] = accepted
         return [ClassGauges(name, "gpu", sum(class_gpus(c, nodes) for c in accepted), counts.get(name, (0, 0))[0],
                             counts.get(name, (0, 0))[1], len(self.classes[name].waiting_runs),
@@ -254,7 +254,7 @@ class CapacityWatcher:
         pods_by_run = {_run_id(p): p for p in seen.pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in seen.jobs if _run_id(j)}
         for run in seen.starting:
-            accepted = accepted_classes(run.tags.get(GPU_CLASS_TAG, ""), self.classes)
+            accepted = accept(run.tags.get(GPU_CLASS_TAG, ""), None, self.classes, lenient=True)
             if not accepted:
                 continue
             gpu_class = choice_view(accepted)  # several classes: the run waits in the line of their request
@@ -325,7 +325,7 @@ class CapacityWatcher:
             waiting[gpu_class.name].append((lines.kueue_positions.get(workload.name, (10**9, 0))[0], run))
         if not waiting:
             return
-        capacities = {name: sum(class_gpus(c, nodes) for c in accepted_classes(name, self.classes)) for name in waiting}
+        capacities = {name: sum(class_gpus(c, nodes) for c in accept(name, None, self.classes, lenient=True)) for name in waiting}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
@@ -344,8 +344,8 @@ class CapacityWatcher:
             judged = []  # (step, job as (name, namespace), class, GPU count, verdict)
             for obj in by_run.get(run.run_id, []):
                 labels = obj.metadata.labels or {}
-                accepted = accepted_classes((obj.metadata.annotations or {}).get(CLASSES_ANNOTATION)
-                                            or labels.get(CLASS_LABEL, ""), self.classes)
+                accepted = accept((obj.metadata.annotations or {}).get(CLASSES_ANNOTATION)
+                                  or labels.get(CLASS_LABEL, ""), None, self.classes, lenient=True)
                 if not accepted:
                     continue
                 gpu_class = choice_view(accepted)
@@ -372,7 +372,7 @@ class CapacityWatcher:
         so it is said once, and the class's gauges count its GPUs)."""
         nodes = {_name(node): node for node in seen.nodes}
         for pod in _placed_choices(seen.pods):
-            accepted, run_id = accepted_classes(pod.metadata.annotations[CLASSES_ANNOTATION], self.classes), _run_id(pod)
+            accepted, run_id = accept(pod.metadata.annotations[CLASSES_ANNOTATION], None, self.classes, lenient=True), _run_id(pod)
             node = nodes.get(pod.spec.node_name)
             got = next((c for c in accepted if node is not None and class_nodes(c, [node])), None)
             run = self.instance.get_run_by_id(run_id) if run_id else None

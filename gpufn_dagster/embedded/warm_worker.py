@@ -1,11 +1,11 @@
 """A warm run worker: the process that will execute a code location's next run, started before
-that run exists (`python -m gpufn_dagster.run.warm_worker <repository origin> <instance ref> <location> <ready fd>`).
+that run exists (`python -m gpufn_dagster.embedded.warm_worker <repository origin> <instance ref> <location> <ready fd>`).
 
 A run worker started for its run spends seconds before its first step: a fresh interpreter
 importing Dagster, Arrow, Lance and the code location, then a forkserver for its steps importing
 them again. For a small refresh started by a sensor that is most of the run. This process does all
 of it while it waits: it loads the code location as the run will (`ReconstructableRepository`),
-starts its step forkserver with the executor's preloads (`run.forkserver`), says it is ready on
+starts its step forkserver with the executor's preloads (`embedded.forkserver`), says it is ready on
 `ready fd`, then reads one line from its standard input -- the run, as Dagster's
 `ExecuteRunArgs` -- and executes it exactly as `dagster api execute_run` does (what dagster-k8s runs
 in a run pod). End of input before a run (its launcher is gone) ends it.
@@ -25,13 +25,12 @@ from pathlib import Path
 
 from dagster import DagsterInstance, deserialize_value
 
-from ..dagster_private import (EngineEventData, ExecuteRunArgs, InstanceRef, RepositoryPythonOrigin, execute_run_main,
+from ..private_ledger import (EngineEventData, ExecuteRunArgs, InstanceRef, RepositoryPythonOrigin, execute_run_main,
                                recon_repository_from_origin, reuse_alembic_scripts, set_snowflake_partner_env_var)
 from ..loaded_code import changed, loaded_files
 from . import forkserver
-from .executor import default_preloads
 
-MODULE = "gpufn_dagster.run.warm_worker"
+MODULE = "gpufn_dagster.embedded.warm_worker"
 
 
 def prepare(origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_name: str) -> dict[str, tuple[int, int]]:
@@ -48,7 +47,7 @@ def prepare(origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_
         instance.inject_env_vars(location_name)
     set_snowflake_partner_env_var()
     os.environ[forkserver.STEP_PRELOAD_ENV] = forkserver.preload_spec(instance_ref)
-    forkserver.start_ahead(default_preloads())
+    forkserver.start_ahead(forkserver.default_preloads())
     gc.freeze()  # what it loaded lives as long as it does: the run's collections need not walk it again
     return loaded_files()
 
