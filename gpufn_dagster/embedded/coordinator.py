@@ -33,14 +33,14 @@ from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRun
 from ..classes import GpuClass, accept, cached_gpu_classes, choice_view, resolve_classes_dir
 from ..private_ledger import EngineEventData, HoldsInstance
 from ..errors import GpuClassError, PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG,
-                    HOLDING_SINCE_TAG, PLACEMENT_REJECTED, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
-                    CapacityReason, CapacityState, RunKind, class_choice, gpu_pool, pool_class, time_tag, waiting_since)
-from ..run.capacity import past_max_wait
-from ..run.estimate import waited_tag
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, CapacityReason, CapacityState, class_choice, gpu_pool,
+                    pool_class)
+from ..run.capacity import Decision
+from ..run.local_capacity import decide_local_placement, decide_slots
+from ..run.placement import Placement
 from ..run.gauges import ClassGauges, embedded_gauges
 from ..run.history import report_estimates
-from ..run.pools import StepWait, note_waits, pool_limits_now, step_waits, wait_message, with_holders
+from ..run.pools import StepWait, note_waits, pool_limits_now, step_waits, with_holders
 from ..run.run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 from .slots import held_slots, slot_dir, waiting_steps
 
@@ -206,30 +206,15 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
             return run
         return super().submit_run(SubmitRunContext(run, context.workspace))
 
-    def _placed(self, run: DagsterRun, placements: Mapping[str, Any]) -> DagsterRun:
+    def _placed(self, run: DagsterRun, placements: Mapping[str, Placement]) -> DagsterRun:
         """Tag a GPU run with its classes, or fail it now when a step can never get its slots."""
         if placements:
-            names = sorted(placements)
-            tags = {GPU_CLASS_TAG: ",".join(names), RUN_GPU_COUNT_TAG: ",".join(str(placements[n].gpu_count) for n in names),
-                    PLACEMENT_TAG: RunKind.LOCAL.value}
-            slots = {name: [c.local.slots for c in placements[name].accepted] for name in names}
-            empty = [name for name in names if not any(slots[name])]
-            too_big = [name for name in names if placements[name].gpu_count > max(slots[name])]
-            if empty or too_big:
-                # A step that can never get its slots would wait forever: refuse the run now, saying why.
-                name = (empty or too_big)[0]
-                self.instance.add_run_tags(run.run_id, {**tags, PLACEMENT_TAG: PLACEMENT_REJECTED,
-                                                         CAPACITY_TAG: CapacityState.NEVER_FITS.value,
-                                                         CAPACITY_REASON_TAG: CapacityReason.NEVER_FITS.value})
-                self.instance.report_run_failed(run, (
-                    f"GPU class {name!r} has local.slots: 0, so no step of it can run on this machine "
-                    "(embedded mode); give it slots in its class file, or run it on Kubernetes" if empty else
-                    f"This run can never start here: a step asks for {placements[name].gpu_count} GPUs of class "
-                    f"{name!r}, whose local.slots is {max(slots[name])} (a slot is one GPU); "
-                    "give the class more slots in its file, ask for fewer GPUs, or run it on Kubernetes"))
+            decision = decide_local_placement(placements)
+            self._apply(run, decision)
+            if decision.fail is not None:
                 return self.instance.get_run_by_id(run.run_id)
-            self.instance.add_run_tags(run.run_id, tags)
             if self.instance.event_log_storage.supports_global_concurrency_limits:  # before its steps claim
+                names = sorted(placements)
                 pooled = pooled_classes({c.name: c for p in placements.values() for c in p.accepted}, names)
                 held = held_slots(slot_dir(self.instance), single_classes(pooled))
                 self._sync_pool_limits(pool_limits_now(pooled, held), pool_limits(self.instance))
@@ -246,45 +231,44 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
 
     def _report_waits(self, classes: Mapping[str, GpuClass], held: Mapping[str, list[dict[str, Any]]],
                       now: float) -> None:
-        """Describe each waiting GPU step on its run's page, end waits past max_wait, and say when waits
-        end: a run is `running` once its steps hold their slots (`held`), not when Dagster's pool admits them."""
+        """Decide (`local_capacity.decide_slots`) and apply, for each started run whose GPU steps wait
+        for local slots, hold them, or waited until now; then estimate the waits still going."""
         waits = all_waits(self.instance, classes, held)
         by_run: dict[str, list[StepWait]] = defaultdict(list)
         for wait in waits:
             by_run[wait.run_id].append(wait)
+        holding = {r.get("run_id") for records in held.values() for r in records if r.get("run_id")}
+        # holders are what the line waits on: runs that stopped waiting are told before the estimates
+        waited = {r.run_id for r in self.instance.get_runs(RunsFilter(
+            statuses=[DagsterRunStatus.STARTED], tags={CAPACITY_TAG: CapacityState.WAITING.value}))}
         still_waiting: dict[str, DagsterRun] = {}
-        for run_id, run_waits in by_run.items():
-            run_waits = [w for w in run_waits if w.gpu_class in classes]
-            run = self.instance.get_run_by_id(run_id)
-            if run is not None and run.status == DagsterRunStatus.STARTED:  # not once it is being terminated
-                if self._report_run_waits(run, run_waits, waits, classes, now):
-                    still_waiting[run_id] = run
-        holding = {r.get("run_id") for records in held.values() for r in records if r.get("run_id")} - set(by_run)
-        self._tag_holders(holding, set(by_run), now)  # before the estimates: holders are what the line waits on
+        runs = self.instance.get_runs(RunsFilter(run_ids=sorted(set(by_run) | holding | waited))) \
+            if by_run or holding or waited else []
+        for run in sorted(runs, key=lambda r: r.run_id not in by_run):  # the waiting first, as they were told
+            if run.status != DagsterRunStatus.STARTED:  # not once it is being terminated
+                continue
+            run_waits = [w for w in by_run.get(run.run_id, []) if w.gpu_class in classes]
+            if run.run_id in by_run and not run_waits:
+                continue  # its waits are on classes no longer configured
+            decision = decide_slots(run_waits, waits, classes, run.tags, now, holding=run.run_id in holding)
+            self._apply(run, decision)
+            if decision.state is CapacityState.WAITING:
+                still_waiting[run.run_id] = run
         self._estimate(waits, still_waiting, classes, now)
 
-    def _tag_holders(self, holding: set[str], waiting: set[str], now: float) -> None:
-        """Tag `running` the runs whose GPU steps hold local slots (`holding`), so the runs list shows
-        who has the GPU, and the runs that waited and whose steps no longer do (not in `waiting`);
-        say on the latter's page how long they waited."""
-        waited = [r for r in self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED],
-                                                                tags={CAPACITY_TAG: CapacityState.WAITING.value}))
-                  if r.run_id not in waiting]
-        fresh = [r for r in self.instance.get_runs(RunsFilter(run_ids=sorted(holding)))
-                 if r.status == DagsterRunStatus.STARTED and CAPACITY_TAG not in r.tags] if holding else []
-        for run in fresh:  # got its slots without waiting
-            self.instance.add_run_tags(run.run_id, {
-                CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
-                HOLDING_SINCE_TAG: time_tag(now)})
-        for run in waited:
-            seconds = now - waiting_since(run.tags, now)
-            self.instance.add_run_tags(run.run_id, {
-                CAPACITY_TAG: CapacityState.RUNNING.value, CAPACITY_REASON_TAG: CapacityReason.SLOT_ACQUIRED.value,
-                HOLDING_SINCE_TAG: time_tag(now),
-                **({WAIT_ESTIMATE_TAG: waited_tag(seconds)} if WAIT_ESTIMATE_TAG in run.tags else {})})
-            self.instance.report_engine_event(
-                f"Its GPU steps got their local GPU slots after waiting {seconds:.0f}s", run,
-                EngineEventData({"Waited seconds": round(seconds, 1)}), cls=self.__class__)
+    def _apply(self, run: DagsterRun, decision: Decision) -> None:
+        """Record a decision as it is: its tags, its events (the run's, then its steps'), and its end:
+        a run that never fits fails at once, one that waited past max_wait is terminated."""
+        if decision.tags:
+            self.instance.add_run_tags(run.run_id, dict(decision.tags))
+        for event in ([decision.event] if decision.event else []) + list(decision.step_events):
+            self.instance.report_engine_event(event.message, run, EngineEventData(dict(event.metadata)),
+                                              cls=self.__class__, step_key=event.step_key)
+        if decision.fail is not None:
+            if decision.state is CapacityState.NEVER_FITS:
+                self.instance.report_run_failed(run, decision.fail)
+            else:
+                self.instance.run_launcher.terminate(run.run_id)
 
     def _estimate(self, waits: list[StepWait], runs: Mapping[str, DagsterRun], classes: Mapping[str, GpuClass],
                   now: float) -> None:
@@ -296,45 +280,3 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
                 lines[wait.gpu_class].setdefault(wait.run_id, runs[wait.run_id])
         report_estimates(self.instance, {name: list(line.values()) for name, line in lines.items()},
                          {name: c.local.slots for name, c in classes.items()}, now, self.__class__)
-
-    def _report_run_waits(self, run: DagsterRun, run_waits: list[StepWait], waits: list[StepWait],
-                          classes: Mapping[str, GpuClass], now: float) -> bool:
-        """Describe the run's waiting GPU steps on its page; False when it waited past max_wait and is ended."""
-        for wait in run_waits:
-            gpu_class = classes[wait.gpu_class]
-            if past_max_wait(gpu_class, now - wait.since):
-                self._give_up(run, wait, gpu_class, now - wait.since)
-                return False
-        digest = ";".join(w.digest for w in run_waits)
-        if run.tags.get(CAPACITY_REPORTED_TAG) == digest:
-            return True  # nothing new since the last report
-        self.instance.add_run_tags(run.run_id, {
-            CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: CapacityReason.LOCAL_SLOTS_IN_USE.value,
-            WAITING_SINCE_TAG: time_tag(min(w.since for w in run_waits)), CAPACITY_REPORTED_TAG: digest})
-        for wait in run_waits:
-            gpu_class = classes[wait.gpu_class]
-            ahead = [w for w in waits if w.gpu_class == wait.gpu_class and w.position < wait.position]
-            self.instance.report_engine_event(
-                wait_message(wait, gpu_class, ahead), run,
-                EngineEventData({"GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
-                                 "Position": f"{wait.position} of {wait.waiting}",
-                                 "Waiting since": time_tag(wait.since),
-                                 "Slots held by": ", ".join(f"{r[:8]}/{s}" for r, s in wait.holders) or "-",
-                                 **{f"Class {name} held by": ", ".join(f"{r[:8]}/{s}" for r, s in holders) or "-"
-                                    for name, holders in wait.held_by_class}}),
-                cls=self.__class__, step_key=wait.step_key)
-        return True
-
-    def _give_up(self, run: DagsterRun, wait: StepWait, gpu_class: GpuClass, waited: float) -> None:
-        """End a run whose GPU step waited past its class's max_wait (as on Kubernetes), saying why."""
-        self.instance.add_run_tags(run.run_id, {CAPACITY_TAG: CapacityState.TIMED_OUT.value,
-                                                 CAPACITY_REASON_TAG: CapacityReason.MAX_WAIT_EXCEEDED.value})
-        self.instance.report_engine_event(
-            f"Gave up waiting for a local GPU slot of class {gpu_class.name!r} after {waited:.0f}s (max_wait "
-            f"{gpu_class.max_wait.total_seconds():.0f}s): all {gpu_class.local.slots} slot(s) stayed in use. "
-            "Terminating the run.", run,
-            EngineEventData({"GPU class": gpu_class.name, "Waited seconds": round(waited, 1),
-                             "max_wait seconds": gpu_class.max_wait.total_seconds(),
-                             "Capacity reason": CapacityReason.MAX_WAIT_EXCEEDED.value}),
-            cls=self.__class__, step_key=wait.step_key)
-        self.instance.run_launcher.terminate(run.run_id)

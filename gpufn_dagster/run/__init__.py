@@ -1,7 +1,8 @@
 """The run core: where a run goes and how it waits for GPUs, decided without process or Kubernetes I/O.
 
 Holds what both modes share: `placement` and `capacity` decide (pure: class x count -> pod
-configuration; pod status or local slots -> verdict -> what to record), `kueue` (Kueue's objects
+configuration; pod status -> verdict -> what to record) and `local_capacity` (the same for local
+slots: a run's slot waits -> what to record), `kueue` (Kueue's objects
 and Workload states, pure), `estimate` and `history` (how long a wait lasts, from the instance's
 history), `pools` (who waits behind whom for local slots, pure), `gauges` (per-class gauges) and
 `run_plan` (a run's steps' GPU requests read into one `RunPlan`). The two modes stand above it as

@@ -185,18 +185,21 @@ def queue_positions(waits: Mapping[str, tuple[str, float]]) -> dict[str, tuple[i
 
 @dataclass(frozen=True)
 class Event:
-    """An engine event for the run's page: a sentence, and the same facts as metadata."""
+    """An engine event for the run's page: a sentence, and the same facts as metadata; `step_key`
+    puts it in that step's log."""
 
     message: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    step_key: str | None = None
 
 
 @dataclass(frozen=True)
 class Decision:
     """What one tick does about one run: tags to write, an event to report, and whether it fails.
 
-    `fail` is the failure message: the run fails with it and its Job (and pod) is deleted.
-    `state` and `waited_seconds` feed the tick's per-class summary.
+    `fail` is the failure message: the run ends with it (on Kubernetes it fails and its Job and pod
+    are deleted; embedded, it is terminated). `state` and `waited_seconds` feed the tick's per-class
+    summary. `step_events` are said in the logs of the steps they name (a local slot wait's).
     """
 
     state: CapacityState | None = None
@@ -204,6 +207,7 @@ class Decision:
     event: Event | None = None
     fail: str | None = None
     waited_seconds: float = 0.0
+    step_events: tuple[Event, ...] = ()
 
 
 def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decision:

@@ -87,6 +87,7 @@ class RunPlan:
 
     kind: RunKind
     placement: Placement | None = None
+    pod: PodPlacement | None = None  # a GPU run: its worker pod's placement, decided from `placement`
     classes: tuple[str, ...] = ()  # per step: the GPU classes its step pods go to
     fanned_out: tuple[str, ...] = ()  # per step: Functions whose refresh spreads over several shard pods
     step_placements: Mapping[str, PodPlacement] = field(default_factory=dict)  # per step: request_key -> pod
@@ -138,8 +139,8 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
     if mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out):
         return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(requests)), fanned_out=fanned_out,
                        step_placements=_step_placements(step_tags, classes_dir, priority))
-    placement = resolve_placement(requests, cached_gpu_classes(classes_dir))
-    return RunPlan(RunKind.GPU, replace(placement, priority=priority))
+    placement = replace(resolve_placement(requests, cached_gpu_classes(classes_dir)), priority=priority)
+    return RunPlan(RunKind.GPU, placement, PodPlacement.decide(placement))
 
 
 # What a run's capacity tag says while it waits for or holds GPU capacity (not once it failed for it).

@@ -18,7 +18,8 @@ MODULES = [
     "gpufn_dagster.assets.views", "gpufn_dagster.embedded.procfs", "gpufn_dagster.embedded.forkserver", "gpufn_dagster.embedded.launcher",
     "gpufn_dagster.refresh.slices", "gpufn_dagster.refresh.state", "gpufn_dagster.function_spec.partitions",
     "gpufn_dagster.assets.reporting", "gpufn_dagster.sample", "gpufn_dagster.assets.table_partitions",
-    "gpufn_dagster.run.estimate", "gpufn_dagster.run.history",
+    "gpufn_dagster.run.estimate", "gpufn_dagster.run.history", "gpufn_dagster.run.local_capacity",
+    "gpufn_dagster.embedded.coordinator",
 ]
 
 

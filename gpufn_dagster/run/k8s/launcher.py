@@ -102,7 +102,7 @@ class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
                 # Sidecars and init containers are outside the class's enforcement of the main
                 # container: they may not ask for GPUs at all.
                 config = super().get_container_context_for_run(run).run_k8s_config
-                check_no_extra_gpus(config.pod_spec_config or {}, PodPlacement.decide(plan.placement))
+                check_no_extra_gpus(config.pod_spec_config or {}, plan.pod)
             elif plan.kind is RunKind.PER_STEP:
                 # The step pods' own config in the run config is known now: refuse it before any Job
                 # exists (the executor checks each step pod's whole config again when it builds it).
@@ -180,9 +180,9 @@ class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
         if plan.kind is RunKind.PER_STEP:  # the step pods' placements, decided at launch, to the run worker
             return context.merge(K8sContainerContext(
                 env=[{"name": STEP_PLACEMENTS_ENV, "value": encode_step_placements(plan.step_placements)}]))
-        if plan.placement is None:
+        if plan.pod is None:
             return context
-        return placed_context(context, PodPlacement.decide(plan.placement))
+        return placed_context(context, plan.pod)  # applied as decided at launch
 
     def _classes_dir_shown(self) -> str:
         return str(resolve_classes_dir(self._classes_dir))
