@@ -50,7 +50,7 @@ def function_checks(asset: dg.AssetsDefinition, *, max_failed_fraction: float | 
         raise FunctionDefinitionError(f"{asset.key.to_user_string()}: not a gpu_function asset, so it has no Function "
                                       "column to check")
     if max_failed_fraction is None:
-        max_failed_fraction = function.max_failed_fraction or 0.0
+        max_failed_fraction = function.options.max_failed_fraction or 0.0
     sig = f"`{function.sig_column}`"
     with warnings.catch_warnings():  # partitioned checks are a preview; the warning would repeat on every load
         warnings.simplefilter("ignore", dg.PreviewWarning)

@@ -67,7 +67,7 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
         upstream = upstream_functions(function, list(functions.values())) if function else []
         keys = [key for key, other in functions.items() if any(other is u for u in upstream)]
         observed = [rows_asset_key(function)] if function is not None and observes_rows(function) else []
-        if (keys or observed) and function.workers > 1:  # a graph asset: its dependencies are fixed when it is made
+        if (keys or observed) and function.options.workers > 1:  # a graph asset: its dependencies are fixed when it is made
             asset = function_asset(function, declared_in=declared_in(asset),
                                    upstream={k: functions[k] for k in keys}, observed=observed)
         elif keys or observed:

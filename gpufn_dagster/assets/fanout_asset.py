@@ -68,7 +68,7 @@ def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDef
         ins={"source": dg.In(dg.Nothing), **{f"upstream_{i}": dg.In(dg.Nothing) for i in range(upstream)}},
         out={"shards": dg.DynamicOut(Shard, io_manager_key=STEP_OUTPUTS_KEY),
              "plan": dg.Out(RefreshPlan, io_manager_key=STEP_OUTPUTS_KEY)},
-        config_schema={"workers": dg.Field(int, default_value=function.workers,
+        config_schema={"workers": dg.Field(int, default_value=function.options.workers,
                                            description="GPU workers this refresh spreads over (at least 1).")},
         tags={GPU_COUNT_TAG: "0"},
         description=f"Plan the refresh of {function.name} and split it into shards.",
@@ -240,10 +240,10 @@ def _graph_asset(function: Function, plan_op: dg.OpDefinition, shard_op: dg.OpDe
         ins=ins,
         code_version=function.version,
         description=function.description,
-        group_name=function.group_name,
+        group_name=function.options.group_name,
         resource_defs={STEP_OUTPUTS_KEY: step_outputs_io_manager},
         partitions_def=function.partitions_def,
-        backfill_policy=function.backfill_policy,
+        backfill_policy=function.options.backfill_policy,
         **attributes,  # tags, metadata, kinds, owners, automation condition: gpufn's and the declaration's
     )
     def _refresh(**after):

@@ -29,7 +29,7 @@ from .executor import steps_in_this_process
 from ..embedded.slots import StepClass, step_slot
 from ..function_spec.code_version import getsourcelines
 from ..function_spec.error_policy import ErrorPolicy
-from ..function_spec.functions import Function, make_function
+from ..function_spec.functions import Function, check_options, make_function
 from ..function_spec.options import document_options
 from ..tags import (CLASS_CHOICE_SEPARATOR, DECLARED_IN_METADATA_KEY, FUNCTION_METADATA_KEY, GPU_COUNT_TAG, READS_METADATA_KEY,
                     gpu_pool, gpu_tags)
@@ -102,10 +102,10 @@ def _asset_metadata(function: Function, declared_in: str | None, accepted: tuple
         "output_type": str(function.output_type),
         "function_version": function.version,
         "batch_size": (f"{function.batch_size}, adapting up to {function.max_batch_size}"
-                       if function.adapt_batch_size else f"{function.batch_size} (pinned)"),
+                       if function.options.adapt_batch_size else f"{function.batch_size} (pinned)"),
         "on_error": str(function.on_error),
-        **({"row_timeout_seconds": function.row_timeout_seconds} if function.row_timeout_seconds else {}),
-        **({"workers": function.workers} if function.workers > 1 else {}),
+        **({"row_timeout_seconds": function.options.row_timeout_seconds} if function.options.row_timeout_seconds else {}),
+        **({"workers": function.options.workers} if function.options.workers > 1 else {}),
         **({"partitioned_by": _partitioned_by(function)} if function.partitioning else {}),
         **({"gpu_class": function.gpu_class, "gpu_count": function.gpu_count} if function.gpu else {}),
         **_class_metadata(accepted),
@@ -147,25 +147,25 @@ def run_config_schema(function: Function) -> dict[str, dg.Field]:
                                  "depend on it).")),
         "batch_size": dg.Field(int, default_value=function.max_batch_size, description=(
             "The most rows one call takes this run (the model's, device's or API's limit).")),
-        "checkpoint_seconds": dg.Field(float, default_value=function.checkpoint_seconds, description=(
+        "checkpoint_seconds": dg.Field(float, default_value=function.options.checkpoint_seconds, description=(
             "How much work a killed refresh may repeat, in seconds (0: checkpoint every call).")),
-        "publish_every_rows": dg.Field(dg.Noneable(int), default_value=function.publish_every_rows, description=(
+        "publish_every_rows": dg.Field(dg.Noneable(int), default_value=function.options.publish_every_rows, description=(
             "Publish finished fragments in an intermediate table version whenever this many rows are done.")),
     }
 
 
 def for_this_run(function: Function, config: Mapping[str, Any]) -> Function:
-    """The Function with the run's config applied (its version, which no such field changes, kept)."""
-    batch_size = int(config.get("batch_size", function.max_batch_size))
-    if batch_size < 1 or (config.get("checkpoint_seconds", 0) or 0) < 0 or (config.get("publish_every_rows") or 1) < 1:
-        raise FunctionDefinitionError(
-            f"Function {function.name!r}: run config: batch_size and publish_every_rows must be at least 1 and "
-            f"checkpoint_seconds not negative, got {dict(config)}")
+    """The Function with the run's config applied (its version, which no such field changes, kept),
+    checked by the declaration's own bounds (`functions.check_options`), so a run cannot set what a
+    declaration could not."""
+    label = f"Function {function.name!r}: run config"
+    ceiling = int(config.get("batch_size", function.max_batch_size))
+    options = replace(function.options, max_batch_size=ceiling, batch_size=min(function.batch_size, ceiling),
+                      **{name: config[name] for name in ("checkpoint_seconds", "publish_every_rows") if name in config})
+    check_options(label, options, function.columns)
     on_error = config.get("on_error", "declared")
-    return replace(function, on_error=function.on_error if on_error == "declared" else ErrorPolicy.of(on_error),
-                   max_batch_size=batch_size, batch_size=min(function.batch_size, batch_size),
-                   checkpoint_seconds=float(config.get("checkpoint_seconds", function.checkpoint_seconds)),
-                   publish_every_rows=config.get("publish_every_rows", function.publish_every_rows))
+    return replace(function, options=options, max_batch_size=ceiling, batch_size=options.batch_size,
+                   on_error=function.on_error if on_error == "declared" else ErrorPolicy.of(on_error, label))
 
 
 def _materialize(context: dg.AssetExecutionContext, lancedb: LanceDBResource, function: Function,
@@ -243,22 +243,21 @@ def _class_at_load(function: Function, classes_dir: ClassesDir) -> tuple[GpuClas
         return ()
 
 
-def function_asset(function: Function, *, classes_dir: ClassesDir = None, declared_in: str | None = None,
+def function_asset(function: Function, *, declared_in: str | None = None,
                    upstream: Mapping[dg.AssetKey, Function] | None = None,
                    observed: Sequence[dg.AssetKey] = ()) -> dg.AssetsDefinition:
     """A Dagster asset whose materialization refreshes the Function's column.
 
     Args:
-        function: the spec (see `make_function`).
-        classes_dir: the GPU class files its class is checked against (default `$GPUFN_CLASSES_DIR`
-            or `./classes`).
+        function: the spec (see `make_function`); its class is checked against the class files of its
+            `classes_dir` option (default `$GPUFN_CLASSES_DIR` or `./classes`).
         declared_in: the file that declared it (YAML), named in load errors.
         upstream: the Function assets whose columns it reads (`build_definitions` finds them):
             it depends on them and its refresh refuses to start while one is not current.
         observed: the observed rows of its table it also depends on (`table_partitions.rows_asset_key`;
             `build_definitions` adds it for a Function with an automation condition).
     """
-    directory = classes_dir or function.classes_dir
+    directory = function.options.classes_dir
     at_load = _class_at_load(function, directory)
 
     def class_now() -> tuple[GpuClass, ...]:
@@ -285,7 +284,7 @@ def function_asset(function: Function, *, classes_dir: ClassesDir = None, declar
     after = [*(upstream or ()), *([partitions_asset_key(function)] if function.partitioning else []), *observed]
     attributes = function.attributes.merged(f"Function {function.name!r}", asset_tags, metadata,
                                             {"lance", "gpu" if function.gpu else "cpu"})
-    if function.workers > 1:
+    if function.options.workers > 1:
         return with_freshness(fanout_asset(function, class_now, tags=tags, attributes=attributes, pool=pool,
                                            upstream=after), function.attributes)
 
@@ -305,10 +304,10 @@ def _one_worker_asset(function: Function, class_now: ClassNow, tags: dict[str, s
         pool=pool,
         code_version=function.version,
         description=function.description,
-        group_name=function.group_name,
+        group_name=function.options.group_name,
         config_schema=run_config_schema(function),
         partitions_def=function.partitions_def,
-        backfill_policy=function.backfill_policy,
+        backfill_policy=function.options.backfill_policy,
         **attributes,  # tags, metadata, kinds, owners, automation condition: gpufn's and the declaration's
     )
     def _refresh(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
@@ -340,6 +339,6 @@ def gpu_function(**options: Any) -> Callable[[Any], dg.AssetsDefinition]:
     """
 
     def decorate(target: Any) -> dg.AssetsDefinition:
-        return function_asset(make_function(target, **options), classes_dir=options.get("classes_dir"))
+        return function_asset(make_function(target, **options))
 
     return decorate

@@ -136,7 +136,7 @@ def _sensed_partitions(key: dg.AssetKey, functions: list[Function]) -> dg.AssetS
     """Rows per partition observed by gpufn's sensors only: an external asset, whose observations'
     data versions Dagster's staleness of partitions reads."""
     what, metadata = _described(functions[0])
-    return dg.AssetSpec(key, partitions_def=functions[0].partitioning.partitions_def, group_name=functions[0].group_name,
+    return dg.AssetSpec(key, partitions_def=functions[0].partitioning.partitions_def, group_name=functions[0].options.group_name,
                         kinds={"lance"}, metadata=metadata,
                         description=f"{what}. gpufn's sensors observe a partition when its rows are added or changed; "
                                     "a Function partitioned alike shows that partition unsynced until its next refresh.")
@@ -149,7 +149,7 @@ def _observable_partitions(key: dg.AssetKey, functions: list[Function]) -> dg.So
     what, metadata = _described(first)
 
     @dg.observable_source_asset(
-        key=key, partitions_def=first.partitioning.partitions_def, group_name=first.group_name,
+        key=key, partitions_def=first.partitioning.partitions_def, group_name=first.options.group_name,
         required_resource_keys={"lancedb"}, tags={"dagster/kind/lance": ""}, metadata=metadata,
         description=(f"{what}: a partition's data version is the table version that last added or changed its rows. "
                      f"Observed with {rows_asset_key(first).to_user_string()} on '{OBSERVE_CRON}', so the Functions "
@@ -176,7 +176,7 @@ def _observed_rows(key: dg.AssetKey, functions: list[Function], observe_source: 
             partitioned.setdefault(partitions_asset_key(function), []).append(function)
 
     @dg.observable_source_asset(
-        key=key, group_name=first.group_name, required_resource_keys={"lancedb"}, tags={"dagster/kind/lance": ""},
+        key=key, group_name=first.options.group_name, required_resource_keys={"lancedb"}, tags={"dagster/kind/lance": ""},
         metadata=metadata, automation_condition=dg.AutomationCondition.cron_tick_passed(OBSERVE_CRON),
         description=(f"{what}: its data version is the last table version that added or changed rows (not gpufn's "
                      f"refreshes or maintenance). Dagster's automation observes it on '{OBSERVE_CRON}', so the "

@@ -48,9 +48,8 @@ class FunctionColumn(dg.Component, FunctionOptions):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = str(Path(context.path) / "defs.yaml")
-        options = {name: getattr(self, name) for name in FunctionOptions.__dataclass_fields__}
         try:
-            asset = function_asset(make_function(self.function, **options), classes_dir=self.classes_dir, declared_in=where)
+            asset = function_asset(make_function(self.function, FunctionOptions.declared(self)), declared_in=where)
         except FunctionDefinitionError as err:
             raise ComponentError(f"{where}: {err}") from None
         asset_checks = function_checks(asset) if self.checks else []

@@ -60,7 +60,7 @@ def _names_of(err: BaseException) -> set[str]:
     return names
 
 
-def over_budget(function: Any, failed: int, checked: int) -> str | None:
+def over_budget(options: Any, failed: int, checked: int) -> str | None:
     """Which failure budget `failed` rows of the `checked` a refresh checks exceed (None: within).
 
     >>> from types import SimpleNamespace as F
@@ -71,10 +71,10 @@ def over_budget(function: Any, failed: int, checked: int) -> str | None:
     >>> over_budget(F(max_failed_rows=None, max_failed_fraction=0.01), 11, 1000)
     'max_failed_fraction=0.01 (10 rows)'
     """
-    if function.max_failed_rows is not None and failed > function.max_failed_rows:
-        return f"max_failed_rows={function.max_failed_rows}"
-    if function.max_failed_fraction is not None and failed > function.max_failed_fraction * checked:
-        return f"max_failed_fraction={function.max_failed_fraction} ({int(function.max_failed_fraction * checked):,} rows)"
+    if options.max_failed_rows is not None and failed > options.max_failed_rows:
+        return f"max_failed_rows={options.max_failed_rows}"
+    if options.max_failed_fraction is not None and failed > options.max_failed_fraction * checked:
+        return f"max_failed_fraction={options.max_failed_fraction} ({int(options.max_failed_fraction * checked):,} rows)"
     return None
 
 

@@ -102,20 +102,13 @@ class Function:
     on_error: ErrorPolicy
     version: str
     source_asset: str
-    description: str | None = None
-    group_name: str | None = None
-    checkpoint_seconds: float = 10.0
-    max_batch_size: int = 4096
-    adapt_batch_size: bool = True
-    workers: int = 1  # GPU workers (shards) one refresh spreads over
-    max_gpus: int | None = None  # the most GPUs one refresh holds at once
-    publish_every_rows: int | None = None  # intermediate commits as fragments finish (None: one commit)
-    classes_dir: str | None = None  # where its class was declared (None: $GPUFN_CLASSES_DIR or ./classes)
+    # The declaration as given (checked): what the Function does not derive, it reads here --
+    # checkpoint_seconds, workers, max_gpus, publish_every_rows, row_timeout_seconds, the failure
+    # budget, classes_dir, backfill_policy, group_name.
+    options: FunctionOptions
+    description: str | None = None  # the declared one, else the callable's docstring
+    max_batch_size: int = 4096  # the most rows one call takes (batch_size is the first call's)
     partitioning: Partitioning | None = None  # its Dagster partitions and the slice of the table each one is
-    backfill_policy: Any = None  # Dagster's BackfillPolicy of the asset (None: one run per partition)
-    row_timeout_seconds: float | None = None  # the most one row may take (None: no deadline)
-    max_failed_rows: int | None = None  # the failure budget of one refresh, in rows
-    max_failed_fraction: float | None = None  # ... and as a fraction of the rows it checks
     attributes: AssetAttributes = AssetAttributes()  # the rest of its asset's attributes, as declared
 
     @property
@@ -265,12 +258,16 @@ def _checked_output_type(label: str, output_type: Any) -> pa.DataType | None:
     return output_type
 
 
-def _check_options(label: str, options: FunctionOptions, columns: tuple[str, ...]) -> None:
-    """What can be said about the options alone, before looking at the callable."""
+def check_options(label: str, options: FunctionOptions, columns: tuple[str, ...]) -> None:
+    """What can be said about the options alone, before looking at the callable: the one place of
+    their bounds, which a declaration (`make_function`) and a run's config (`function_asset.for_this_run`)
+    both pass. (`on_error` is checked where it is built, `ErrorPolicy.of`.)"""
     for name in (*columns, options.table):
         if not _IDENTIFIER.match(name):
             raise FunctionDefinitionError(f"{label}: field 'column'/'table': {name!r} is not a plain identifier")
-    ErrorPolicy.of(options.on_error, label)
+    if options.checkpoint_seconds < 0:
+        raise FunctionDefinitionError(f"{label}: field 'checkpoint_seconds': must not be negative, "
+                                      f"got {options.checkpoint_seconds}")
     if options.row_timeout_seconds is not None and not options.row_timeout_seconds > 0:
         raise FunctionDefinitionError(f"{label}: field 'row_timeout_seconds': must be above 0, "
                                       f"got {options.row_timeout_seconds}")
@@ -348,13 +345,14 @@ def _version(original: Any, options: FunctionOptions, inputs: Sequence[str], col
 
 
 @document_options
-def make_function(target: Any, **options: Any) -> Function:
+def make_function(target: Any, declared: FunctionOptions | None = None, /, **options: Any) -> Function:
     """Inspect a plain callable, class, or `lancedb.udf` definition and build its Function spec.
 
     Pure: it reads the callable's signature and code, never a table or the GPU classes.
 
     Args:
         target: the function, class or `lancedb.udf` definition.
+        declared: the options as one `FunctionOptions` (what a YAML declaration is), instead of keywords.
         {options}
 
     Example:
@@ -365,11 +363,16 @@ def make_function(target: Any, **options: Any) -> Function:
         ('docs__n_words', ('text',), DataType(int64), 'row', False)
     """
     original = unwrap(target)
-    label = f"Function {options.get('name') or getattr(original, '__name__', '?')!r}"
-    opts = FunctionOptions.of(options, label)
+    name = declared.name if declared is not None else options.get("name")
+    label = f"Function {name or getattr(original, '__name__', '?')!r}"
+    if declared is not None and options:
+        raise FunctionDefinitionError(f"{label}: options given both as FunctionOptions and as keywords "
+                                      f"({', '.join(sorted(options))}); give them one way")
+    opts = declared if declared is not None else FunctionOptions.of(options, label)
     is_class = inspect.isclass(original)
     columns = (opts.column,) if isinstance(opts.column, str) else tuple(opts.column)
-    _check_options(label, opts, columns)
+    check_options(label, opts, columns)
+    on_error = ErrorPolicy.of(opts.on_error, label)
     output_type = _checked_output_type(label, opts.output_type)
 
     sig = _call_signature(original, is_class)
@@ -419,22 +422,12 @@ def make_function(target: Any, **options: Any) -> Function:
         gpu_class=_class_request(label, opts.gpu_class),
         gpu_count=opts.gpu_count if gpu else 0,
         batch_size=first_call,
-        on_error=ErrorPolicy.of(opts.on_error, label),
+        on_error=on_error,
         version=_version(original, opts, inputs, columns, output_type, init),
         source_asset=opts.source_asset or opts.table,
+        options=opts,
         description=opts.description or inspect.getdoc(original),
-        group_name=opts.group_name,
-        checkpoint_seconds=opts.checkpoint_seconds,
         max_batch_size=most_rows,
-        adapt_batch_size=opts.adapt_batch_size,
-        workers=opts.workers,
-        max_gpus=opts.max_gpus,
-        publish_every_rows=opts.publish_every_rows,
-        classes_dir=opts.classes_dir,
         partitioning=partitioning_of(opts, label),
-        backfill_policy=opts.backfill_policy,
-        row_timeout_seconds=opts.row_timeout_seconds,
-        max_failed_rows=opts.max_failed_rows,
-        max_failed_fraction=opts.max_failed_fraction,
         attributes=AssetAttributes.of(opts, label),
     )

@@ -131,6 +131,12 @@ class AssetOptions(dg.Resolvable):
 class FunctionOptions(AssetOptions):
     """Everything a Function declaration says besides its callable."""
 
+    @classmethod
+    def declared(cls, declaration: "FunctionOptions") -> "FunctionOptions":
+        """The options of a declaration that is more than its options (the YAML component, which is a
+        `FunctionOptions` plus its callable's path), field for field, as Dagster resolved them."""
+        return cls(**{f.name: getattr(declaration, f.name) for f in dataclasses.fields(cls)})
+
     table: Annotated[str, described("The LanceDB table whose column(s) the Function computes.")]
     column: Annotated[str | list[str], described(
         "The output column, or several columns filled from the fields of a struct output.")]

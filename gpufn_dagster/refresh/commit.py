@@ -34,7 +34,7 @@ class Publisher:
     def __init__(self, files: TableFiles, dataset: lance.LanceDataset, function: Function, state: ColumnState,
                  lease: ColumnLease):
         self.files, self.dataset, self.function, self.state, self.lease = files, dataset, function, state, lease
-        self.every = function.publish_every_rows
+        self.every = function.options.publish_every_rows
         self.pending: list[FragmentResult] = []
         self.published: set[int] = set()  # fragment ids committed already
         self.latest: lance.LanceDataset | None = None

@@ -173,7 +173,7 @@ class ColumnRefresh:
         with self._lease(keep=True):
             dataset = ensure_columns(self.files, self.function)
             work = self._plan(dataset, load_state(self.files, self.function.sig_column))
-            budgets = (self.function.max_gpus, gpu_budget)
+            budgets = (self.function.options.max_gpus, gpu_budget)
             allowed = workers_within_budget(workers, self.function.gpu_count, *budgets)
             shards = tuple(split_work(work, allowed))
         budget = min((b for b in budgets if b is not None), default=None)

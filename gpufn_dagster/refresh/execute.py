@@ -176,7 +176,7 @@ def call_function(
         return _call_rows(call, function, inputs, rows, may_retry)
     if fit is not None and fit.rows is not None and inputs.num_rows > fit.rows:
         return _in_parts(call, function, inputs, rows, fit, fit.rows, may_retry)
-    timeout = function.row_timeout_seconds
+    timeout = function.options.row_timeout_seconds
     result = _under_policy(function, timeout and timeout * inputs.num_rows, may_retry,
                            lambda: _call_batch(call, function, inputs),
                            # not the rows' fault while the call has several rows: smaller calls, undecided
@@ -249,11 +249,11 @@ def _call_rows(call: Callable[..., Any], function: Function, inputs: pa.RecordBa
     errors = []
     for i, args in enumerate(zip(*columns, strict=True)):
         kwargs = dict(zip(function.inputs, args, strict=True))
-        value = _under_policy(function, function.row_timeout_seconds, may_retry, lambda: call(**kwargs))
+        value = _under_policy(function, function.options.row_timeout_seconds, may_retry, lambda: call(**kwargs))
         if not isinstance(value, _Failure):
             out.append(value)
             continue
-        late = (f" (ran past row_timeout_seconds={function.row_timeout_seconds})"
+        late = (f" (ran past row_timeout_seconds={function.options.row_timeout_seconds})"
                 if isinstance(value.error, RowTimeout) else "")
         assert value.decision is not None
         if value.decision.action == "fail":

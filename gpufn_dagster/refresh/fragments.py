@@ -169,7 +169,7 @@ class Attempt:
             self.progress.rows_failed += len(outcome.errors)
             self.first_errors.extend(outcome.errors[:FIRST_ERRORS - len(self.first_errors)])
             failed, checked = self.progress.rows_failed, self.progress.rows_to_scan
-        if outcome.errors and (over := over_budget(self.function, failed, checked)):
+        if outcome.errors and (over := over_budget(self.function.options, failed, checked)):
             self.stop.set()
             raise FailureBudgetExceeded(
                 f"Function {self.function.name!r}: {failed:,} rows failed of the {checked:,} this refresh checks, "
@@ -302,7 +302,7 @@ class _PendingChunk:
         self.batches.append(aligned)
         self.outcome.add(outcome)
         self.at = end
-        if time.monotonic() - self.since >= self.attempt.function.checkpoint_seconds:
+        if time.monotonic() - self.since >= self.attempt.function.options.checkpoint_seconds:
             self.save()
 
     def save(self) -> None:

@@ -112,5 +112,5 @@ class Worker:
         scope = scope or function.sig_column
         return cls(files, function, CheckpointStore(files, scope, function.version),
                    WrittenFiles(files, scope), instances(function), BatchFit(),
-                   BatchSizer(function.batch_size, function.max_batch_size, adapt=function.adapt_batch_size),
+                   BatchSizer(function.batch_size, function.max_batch_size, adapt=function.options.adapt_batch_size),
                    prefetch, report, computed_rows=[] if keep_rows else None)

@@ -182,7 +182,7 @@ def test_yaml_error_rules_are_the_same_policy_as_pythons(tmp_path, monkeypatch, 
     function = function_of(asset)
     assert function.on_error == ErrorPolicy.of([Retry(ConnectionError, match="429", attempts=4, backoff_seconds=0.5,
                                                       then="skip"), Skip("RowTimeout")])
-    assert (function.row_timeout_seconds, function.max_failed_rows, function.max_failed_fraction) == (2.5, 10, 0.25)
+    assert (function.options.row_timeout_seconds, function.options.max_failed_rows, function.options.max_failed_fraction) == (2.5, 10, 0.25)
     (checks,) = function_checks(asset)  # what the component's `checks: true` adds
     descriptions = {spec.name: spec.description for spec in checks.check_specs}
     assert "25.00%" in descriptions["failed_rows_below_threshold"]  # the check's threshold is the same figure

@@ -57,3 +57,35 @@ def test_the_spec_rides_on_its_asset_and_is_never_replaced_behind_its_back():
     assert function_of(copied) is function_of(first)
     assert function_of(dg.AssetSpec("docs")) is None
     assert function_of(first).inputs == ("text",) and function_of(first).output_type == pa.int64()
+
+
+def n_chars(text: str) -> int:
+    return len(text)
+
+
+def test_a_function_holds_its_options_given_as_keywords_or_as_one_object():
+    by_keywords = make_function(n_chars, table="docs", column="n", checkpoint_seconds=2.5, workers=3, max_failed_rows=7)
+    options = FunctionOptions(table="docs", column="n", checkpoint_seconds=2.5, workers=3, max_failed_rows=7)
+    by_object = make_function(n_chars, options)
+    assert by_object.options is options and by_keywords.options == options
+    assert (by_keywords.options.checkpoint_seconds, by_keywords.options.workers, by_keywords.options.max_failed_rows) \
+        == (2.5, 3, 7)
+    assert by_keywords.version == by_object.version
+    with pytest.raises(FunctionDefinitionError, match="both as FunctionOptions and as keywords .workers."):
+        make_function(n_chars, options, workers=2)
+
+
+def test_a_runs_config_is_held_to_the_declarations_bounds():
+    from gpufn_dagster.assets.function_asset import for_this_run
+
+    function = make_function(n_chars, table="docs", column="n", batch_size=128)
+    run = for_this_run(function, {"batch_size": 32, "checkpoint_seconds": 0.0, "publish_every_rows": 100})
+    assert (run.max_batch_size, run.batch_size, run.options.checkpoint_seconds, run.options.publish_every_rows) \
+        == (32, 32, 0.0, 100)
+    assert run.version == function.version and function.options.checkpoint_seconds == 10.0  # the declaration kept
+    for config, field in [({"checkpoint_seconds": -1.0}, "checkpoint_seconds"), ({"batch_size": 0}, "batch_size"),
+                          ({"publish_every_rows": 0}, "publish_every_rows")]:
+        with pytest.raises(FunctionDefinitionError, match=rf"^Function 'docs__n': run config: field '{field}'"):
+            for_this_run(function, config)
+        with pytest.raises(FunctionDefinitionError, match=rf"field '{field}'"):  # the same bound at load
+            make_function(n_chars, table="docs", column="n", **{"batch_size": 128, **config})
