@@ -59,10 +59,6 @@ def test_the_spec_rides_on_its_asset_and_is_never_replaced_behind_its_back():
     assert function_of(first).inputs == ("text",) and function_of(first).output_type == pa.int64()
 
 
-def n_chars(text: str) -> int:
-    return len(text)
-
-
 def test_a_function_holds_its_options_given_as_keywords_or_as_one_object():
     by_keywords = make_function(n_chars, table="docs", column="n", checkpoint_seconds=2.5, workers=3, max_failed_rows=7)
     options = FunctionOptions(table="docs", column="n", checkpoint_seconds=2.5, workers=3, max_failed_rows=7)
