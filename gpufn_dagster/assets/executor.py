@@ -134,7 +134,7 @@ class GpuClassesExecutor(Executor):
             if why is not None:
                 yield dg.DagsterEvent.engine_event(plan_context, (
                     f"The step forkserver this run worker started ahead was stopped, {why}: the first step "
-                    "starts the run's own."), EngineEventData())
+                    "starts the run's own."), EngineEventData({"Step forkserver started ahead": "stopped", "Why": why}))
             yield from self._local.execute(plan_context, execution_plan)
             return
         yield from step_pods_executor(self._init_context).execute(plan_context, execution_plan)

@@ -215,14 +215,14 @@ def _failed(state: CapacityState, reason: CapacityReason, message: str) -> Decis
 
 
 def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
-           position: tuple[int, int] | None, now: float, queue: str = "waiting on this class",
+           position: tuple[int, int] | None, now: float, cluster_queue: str | None = None,
            ahead: Sequence[str] = (), kueue_state: str | None = None, steps: Sequence[str] = ()) -> Decision:
     """What to record for a GPU run whose pod (or Kueue Workload) got `verdict`, given its tags from
     earlier ticks: the final tags, event and failure, applied as they are.
 
     An unchanged wait is not reported again (its last event is remembered as a digest tag), and a
     wait past the class's `max_wait` fails the run. `position` is (place, of how many) among the
-    runs waiting on the class, or in `queue` (Kueue's ClusterQueue), and `ahead` the runs before it
+    runs waiting on the class, or in Kueue's `cluster_queue` (named in the event's metadata too), and `ahead` the runs before it
     (the first few are named); a wait that follows a run's time on a node (Kueue preempted it)
     counts from then. `kueue_state` is the state of the run's Workload when Kueue holds it (its
     tag follows it); `steps` the steps whose pods wait, for a run placed per step (the event
@@ -242,7 +242,7 @@ def decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, g
     >>> decide(wait, {}, l4, 1, None, now=1796058073, steps=["a.shard-shard_1"]).event.message[:40]
     'Step a.shard-shard_1: Waiting for GPU ca'
     """
-    decision = _decide(verdict, previous, gpu_class, gpu_count, position, now, queue, ahead)
+    decision = _decide(verdict, previous, gpu_class, gpu_count, position, now, cluster_queue, ahead)
     if steps and decision.event is not None and verdict.state is CapacityState.WAITING:
         names = ", ".join(steps)
         decision = replace(decision, event=replace(decision.event, message=f"Step {names}: {decision.event.message}",
@@ -267,8 +267,10 @@ def decide_admitted(previous: Mapping[str, str], workload: kueue.WorkloadStatus)
 
 
 def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, gpu_count: int,
-            position: tuple[int, int] | None, now: float, queue: str, ahead: Sequence[str]) -> Decision:
+            position: tuple[int, int] | None, now: float, cluster_queue: str | None, ahead: Sequence[str]) -> Decision:
     previous_state = previous.get(CAPACITY_TAG)
+    queue = f"in ClusterQueue {cluster_queue}" if cluster_queue else "waiting on this class"
+    in_queue = {"ClusterQueue": cluster_queue} if cluster_queue else {}
     request = f"{gpu_count} x {gpu_class.resource_name}"
     if verdict.state is CapacityState.WAITING:
         since = now if previous_state == CapacityState.SCHEDULED.value else waiting_since(previous, now)
@@ -288,7 +290,7 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
         place = f"position {position[0]} of {position[1]} {queue}{behind}" if position else ""
         position_tag = f"{position[0]} of {position[1]}" if position else None
         if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
-            return _position_moved(previous, position_tag, place, gpu_class, now, waited)
+            return _position_moved(previous, position_tag, place, gpu_class, now, waited, in_queue)
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
         return Decision(
@@ -303,7 +305,7 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
                    f"{verdict.source.split(' ')[0]} message": verdict.message,
                    "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
                    "Position": f"{position[0]} of {position[1]}" if position else "",
-                   "Runs ahead": ", ".join(ahead[:10]),
+                   "Runs ahead": ", ".join(ahead[:10]), **in_queue,
                    "Autoscaler": ", ".join(verdict.autoscaler) or "no reaction"}),
             waited_seconds=waited)
     if verdict.state is CapacityState.SCHEDULED:
@@ -330,7 +332,7 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
 
 
 def _position_moved(previous: Mapping[str, str], position: str | None, place: str, gpu_class: GpuClass, now: float,
-                    waited: float) -> Decision:
+                    waited: float, in_queue: Mapping[str, str]) -> Decision:
     """An unchanged wait whose place in line may have moved: the position tag follows every move,
     and the run's page hears the new place at most once per POSITION_EVERY seconds (the last place
     said and when are kept as `<place> at <time>`).
@@ -338,13 +340,15 @@ def _position_moved(previous: Mapping[str, str], position: str | None, place: st
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
     >>> said = {".dagster/gpufn-queue-position": "3 of 3", ".dagster/gpufn-position-said": "3 of 3 at 2026-11-30T17:01:13Z"}
-    >>> soon = _position_moved(said, "2 of 3", "position 2 of 3", l4, 1796058073 + 20, 20)
+    >>> soon = _position_moved(said, "2 of 3", "position 2 of 3", l4, 1796058073 + 20, 20, {})
     >>> soon.tags, soon.event
     ({'.dagster/gpufn-queue-position': '2 of 3'}, None)
     >>> later = _position_moved({**said, **soon.tags}, "2 of 3", "position 2 of 3 in ClusterQueue q", l4,
-    ...                         1796058073 + 90, 90)
+    ...                         1796058073 + 90, 90, {"ClusterQueue": "q"})
     >>> later.tags[".dagster/gpufn-position-said"], later.event.message
     ('2 of 3 at 2026-11-30T17:02:43Z', "Still waiting for GPU capacity of class 'l4': now position 2 of 3 in ClusterQueue q")
+    >>> later.event.metadata
+    {'GPU class': 'l4', 'Position': '2 of 3', 'ClusterQueue': 'q'}
     """
     if position is None:
         return Decision(CapacityState.WAITING, waited_seconds=waited)
@@ -354,7 +358,7 @@ def _position_moved(previous: Mapping[str, str], position: str | None, place: st
         return Decision(CapacityState.WAITING, tags, waited_seconds=waited)
     return Decision(CapacityState.WAITING, {**tags, POSITION_SAID_TAG: f"{position} at {time_tag(now)}"},
                     Event(f"Still waiting for GPU capacity of class {gpu_class.name!r}: now {place}",
-                          {"GPU class": gpu_class.name, "Position": position}),
+                          {"GPU class": gpu_class.name, "Position": position, **in_queue}),
                     waited_seconds=waited)
 
 

@@ -151,10 +151,9 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     assert not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={second}").items
     assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-capacity-reason"], run.tags[".dagster/gpufn-kueue"]) == (
         "waiting", "KueuePending", "pending")
-    said = events(instance, second)
-    wait = next((m for m in said if "Waiting for GPU capacity" in m), said)
-    assert f"position 1 of 1 in ClusterQueue {queue}" in wait, wait
-    assert pending["message"] in wait, wait  # Kueue's message verbatim
+    wait = next(m for m in event_metadata(instance, second) if "Position" in m)
+    assert (wait["Position"], wait["ClusterQueue"], wait["GPU class"]) == ("1 of 1", queue, "l4"), wait
+    assert pending["message"] in wait["Kueue message"], wait  # Kueue's message verbatim
     assert run.tags[".dagster/gpufn-wait-estimate"] == "unknown"  # this instance has no finished run of the work yet
     assert any("Wait estimate: unknown (0 runs ahead on l4" in m and "no finished run of frames__emb_l4" in m
                for m in events(instance, second)), events(instance, second)
@@ -199,16 +198,16 @@ def test_waiting_runs_are_admitted_by_dagster_priority_and_a_higher_one_preempts
     normal = materialize(instance, "frames__emb_l4")
     condition(cluster, namespace, normal, "QuotaReserved", "False")
     watcher.tick()
-    said = next(m for m in events(instance, normal) if "Waiting for GPU capacity" in m)
-    assert f"position 1 of 2 in ClusterQueue {queue}" in said, said
+    said = next(m for m in event_metadata(instance, normal) if "Position" in m)
+    assert (said["Position"], said["ClusterQueue"]) == ("1 of 2", queue), said
     late = materialize(instance, "frames__emb_l4")  # a third waiter, behind both
     workload(cluster, namespace, late)  # Kueue may say nothing more of a workload that is not first in line
     watcher.tick()
-    said = next(m for m in events(instance, late) if "Waiting for GPU capacity" in m)
+    said = next(m for m in event_metadata(instance, late) if "Position" in m)
     # Ahead of the older low one (priority first); beside the normal one of equal priority, the
     # order is by age, which Kueue records to the second: either may be first.
-    assert (f"position 2 of 3 in ClusterQueue {queue}, behind run {normal[:8]}" in said
-            or f"position 1 of 3 in ClusterQueue {queue}." in said), said
+    assert said["ClusterQueue"] == queue, said
+    assert (said["Position"], said["Runs ahead"]) in (("2 of 3", normal), ("1 of 3", "")), said
     instance.run_launcher.terminate(late)
     instance.run_launcher.terminate(high)
     condition(cluster, namespace, normal, "Admitted")

@@ -227,8 +227,9 @@ def test_a_step_asking_for_two_gpus_takes_two_slots_and_sees_both_devices(tmp_pa
         third = submit(workspace, "docs__later")
         queue_pass()
         # The pool admits a third step (3 slots, 2 steps), but the 3 GPUs are held: it waits for one.
-        wait_for(lambda: "local GPU slot" not in messages(instance, third) and instance.get_run_by_id(third).status
-                 == DagsterRunStatus.STARTED, timeout=180, what="the third run started")
+        wait_for(lambda: not [m for m in event_metadata(instance, third) if "Local slots" in m]
+                 and instance.get_run_by_id(third).status == DagsterRunStatus.STARTED, timeout=180,
+                 what="the third run started")
         time.sleep(5)
         assert not (gates / "ticket-3").exists()  # not computing while all three GPUs are held
         open_gate(1)  # the one-GPU step ends, freeing slot 0

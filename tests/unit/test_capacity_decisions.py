@@ -46,7 +46,7 @@ def test_the_place_in_line_follows_the_line_both_ways_in_its_tag_and_once_a_minu
     # (seconds from now, place in line): alone; two join ahead; the first of them leaves; a minute on
     for at, place in [(0, (1, 1)), (10, (2, 2)), (20, (3, 3)), (30, (2, 2)), (61, (2, 2)), (70, (2, 2)),
                       (80, (3, 3)), (140, (3, 3))]:
-        decision = decide(pending, tags, L4, 1, place, NOW + at, queue="in ClusterQueue q",
+        decision = decide(pending, tags, L4, 1, place, NOW + at, cluster_queue="q",
                           kueue_state="pending")
         tags = {**tags, **decision.tags}
         assert tags[QUEUE_POSITION_TAG] == f"{place[0]} of {place[1]}", (at, tags)  # every tick, both ways

@@ -311,7 +311,7 @@ class CapacityWatcher:
             place = lines.kueue_positions.get(workload.name)
             ahead = list(dict.fromkeys(lines.cluster_queues[workload.cluster_queue][:place[0] - 1])) if place else []
             yield run, decide(kueue_verdict(workload), run.tags, gpu_class, int(run.tags.get(RUN_GPU_COUNT_TAG, "1")),
-                              place, now, queue=f"in ClusterQueue {workload.cluster_queue}", ahead=ahead,
+                              place, now, cluster_queue=workload.cluster_queue, ahead=ahead,
                               kueue_state=workload.state), (_name(job), job.metadata.namespace), gpu_class.name
         yield from self._step_pods(seen, now)
 
