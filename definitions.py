@@ -36,7 +36,7 @@ defs = build_definitions(
     assets=[docs, *refreshed],
     asset_checks=[*function_checks(embedding), *function_checks(word_count)],
     schedules=[refresh_schedule("nightly_docs_refresh", "0 3 * * *", refreshed)],
-    # On Kubernetes add gpufn_dagster.run.k8s.watch.capacity_sensor(); embedded GPU steps wait for local slots in their run.
+    # On Kubernetes add gpufn_dagster.capacity_sensor(); embedded GPU steps wait for local slots in their run.
     # minimum_interval_seconds=1: every time the sensor daemon looks (each 5 s at most); with 5 it would miss
     # every third look, the daemon's loop drifting a little past 5 s.
     sensors=[table_sensor("docs", refreshed, minimum_interval_seconds=1, running=True)],

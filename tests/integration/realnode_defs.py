@@ -10,7 +10,7 @@ import os
 import time
 
 from gpufn_dagster import build_definitions, gpu_function
-from gpufn_dagster.run.k8s.watch import capacity_sensor
+from gpufn_dagster import capacity_sensor
 
 
 def shout(text: str) -> str:
