@@ -39,9 +39,6 @@ from dagster._core.events import EngineEventData
 # gpufn's executor takes every option the executor it wraps does, with the same defaults.
 from dagster._config import process_config
 
-# The multiprocess executor's requirements (a persistent instance, a reconstructable job), which
-# `dg.multiprocess_executor` declares but does not expose; gpufn's executor runs its steps the same way.
-from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
 # The type of an executor's `retries` property (the Executor interface returns it; no public name).
 from dagster._core.execution.retries import RetryMode
 
@@ -246,5 +243,5 @@ REACHES: tuple[Reach, ...] = (
 __all__ = ["DATA_VERSION_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryPythonOrigin", "execute_run_main",
            "reuse_alembic_scripts",
            "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
-           "multiple_process_executor_requirements", "process_config", "HoldsInstance", "note_launched",
+           "process_config", "HoldsInstance", "note_launched",
            "k8s_api_host", "adopt_step_handler", "step_key_of", "udf_function", "stop_forkserver", "Reach", "REACHES"]

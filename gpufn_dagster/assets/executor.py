@@ -25,7 +25,7 @@ import dagster as dg
 from dagster import Executor, InitExecutorContext
 
 from ..classes import cached_gpu_classes
-from ..private_ledger import EngineEventData, RetryMode, multiple_process_executor_requirements, process_config
+from ..private_ledger import EngineEventData, RetryMode, process_config
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG, RunKind
 from ..embedded import forkserver
@@ -176,7 +176,7 @@ def step_pods_executor(init: InitExecutorContext, environ: Mapping[str, str] = o
             "For a run that mixes GPU classes on Kubernetes: dagster_k8s k8s_job_executor's config of its "
             "step pods (job_image, step_k8s_config, ...).")),
     },
-    requirements=multiple_process_executor_requirements(),
+    requirements=dg.multiple_process_executor_requirements(),
 )
 def gpu_classes_executor(init_context: InitExecutorContext) -> Executor:
     """The default executor of `build_definitions`: a run mixing GPU classes on Kubernetes runs

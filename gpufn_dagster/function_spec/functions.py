@@ -102,12 +102,12 @@ class Function:
     on_error: ErrorPolicy
     version: str
     source_asset: str
+    max_batch_size: int  # the most rows one call takes (batch_size is the first call's)
     # The declaration as given (checked): what the Function does not derive, it reads here --
     # checkpoint_seconds, workers, max_gpus, publish_every_rows, row_timeout_seconds, the failure
     # budget, classes_dir, backfill_policy, group_name.
     options: FunctionOptions
     description: str | None = None  # the declared one, else the callable's docstring
-    max_batch_size: int = 4096  # the most rows one call takes (batch_size is the first call's)
     partitioning: Partitioning | None = None  # its Dagster partitions and the slice of the table each one is
     attributes: AssetAttributes = AssetAttributes()  # the rest of its asset's attributes, as declared
 
