@@ -16,7 +16,7 @@ import pyarrow as pa
 from docs_pipeline.udfs import EMBEDDING_DIM, MiniLMEmbedder, count_words, docs, shout
 from gpufn_dagster import build_definitions, gpu_function, materialized_view_asset
 from gpufn_dagster.assets.checks import function_checks
-from gpufn_dagster.classes import CLASSES_DIR_ENV
+from gpufn_dagster.class_files import CLASSES_DIR_ENV
 from gpufn_dagster.assets.resources import DB_URI_ENV
 from gpufn_dagster.assets.triggers import refresh_schedule, table_sensor
 

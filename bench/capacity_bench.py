@@ -19,7 +19,7 @@ from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.tags import run_gpu_tags
 from gpufn_devcluster.cluster import DevCluster, binaries_dir
 from gpufn_devcluster.postgres import Postgres

@@ -23,7 +23,7 @@ import kubernetes
 import lancedb
 import pyarrow as pa
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_devcluster.cluster import DevCluster, binaries_dir
 from gpufn_devcluster.deployment import Deployment, small_classes
 from gpufn_devcluster.objectstore import ObjectStore

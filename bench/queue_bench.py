@@ -36,7 +36,7 @@ def kueue_tick(runs: int) -> dict[str, float]:
     from dagster import DagsterRunStatus
     from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-    from gpufn_dagster.classes import load_gpu_classes
+    from gpufn_dagster.class_files import load_gpu_classes
     from gpufn_dagster.run.kueue import kueue_labels, kueue_manifests
     from gpufn_dagster.tags import CLASS_LABEL, COUNT_LABEL
     from gpufn_dagster.run.k8s.watch import CapacityWatcher

@@ -11,7 +11,7 @@ from dagster.components import load_from_defs_folder
 
 from docs_pipeline.udfs import docs
 from gpufn_dagster import build_definitions
-from gpufn_dagster.classes import CLASSES_DIR_ENV
+from gpufn_dagster.class_files import CLASSES_DIR_ENV
 from gpufn_dagster.assets.resources import DB_URI_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

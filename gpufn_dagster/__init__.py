@@ -25,7 +25,7 @@ _EXPORTS = {
     "Retry": "function_spec.error_policy", "RowTimeout": "errors", "Skip": "function_spec.error_policy",
     "TableNotFound": "errors", "build_definitions": "assets.definitions", "capacity_sensor": "run.k8s.watch", "function_asset": "assets.function_asset",
     "function_of": "assets.asset_spec", "gpu_classes_executor": "assets.executor", "gpu_function": "assets.function_asset",
-    "list_gpu_classes": "classes", "load_gpu_classes": "classes", "make_function": "function_spec.functions",
+    "list_gpu_classes": "class_files", "load_gpu_classes": "class_files", "make_function": "function_spec.functions",
     "materialized_view_asset": "assets.views", "refresh_column": "refresh.engine",
 }
 __all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from .classes import cached_gpu_classes, list_gpu_classes
+from .class_files import cached_gpu_classes, list_gpu_classes
 from .errors import ApiConfigError, GpuClassError
 from .tags import class_choice
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .classes import list_gpu_classes
+from .class_files import list_gpu_classes
 from .errors import GpuClassError
 
 
@@ -149,7 +149,8 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
     match the GPU classes in Kueue mode, as YAML for `kubectl apply -f -`."""
     import yaml
 
-    from .classes import KueueQueue, load_gpu_classes
+    from .class_files import load_gpu_classes
+    from .classes import KueueQueue
     from .run.kueue import kueue_manifests as manifests
 
     try:

@@ -20,7 +20,7 @@ class GpuClassError(GpufnError, ValueError):
 
 class ClassRequestError(GpufnError, ValueError):
     """A GPU request (classes in order x GPU count) the operator's classes cannot serve. One rule
-    (`classes.accept`) raises it; a Function's load prefixes the Function, a launch wraps it in a
+    (`class_requests.accept`) raises it; a Function's load prefixes the Function, a launch wraps it in a
     `PlacementError`, so both say the same `field` ('gpu_class' or 'gpu_count') and `problem`."""
 
     def __init__(self, field: str, problem: str) -> None:

@@ -231,7 +231,7 @@ CPU_NODES = 2
 @pytest.fixture(scope="session")
 def cluster() -> Iterator:
     """The real control plane (etcd, apiserver, controller-manager, scheduler, KWOK), once per session."""
-    from gpufn_dagster.classes import list_gpu_classes
+    from gpufn_dagster.class_files import list_gpu_classes
     from gpufn_devcluster.cluster import DevCluster, binaries_dir
 
     with DevCluster(binaries_dir()) as running:

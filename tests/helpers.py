@@ -26,7 +26,8 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 
 from gpufn_dagster import GpuClassError, build_definitions
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
-from gpufn_dagster.classes import GpuClass, load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.classes import GpuClass
 
 from .conftest import CLASSES, wait_for
 

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 import click
 
-from gpufn_dagster.classes import list_gpu_classes
+from gpufn_dagster.class_files import list_gpu_classes
 
 from .cluster import DevCluster, binaries_dir
 from .objectstore import ObjectStore

@@ -18,7 +18,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..classes import cached_gpu_classes
+from ..class_files import cached_gpu_classes
 from ..errors import FunctionDefinitionError, GpuClassError
 from ..refresh.columns import is_function_column
 from ..refresh.signature import unsupported_reason

@@ -24,7 +24,7 @@ from typing import Any
 import dagster as dg
 from dagster import Executor, InitExecutorContext
 
-from ..classes import cached_gpu_classes
+from ..class_files import cached_gpu_classes
 from ..private_ledger import EngineEventData, RetryMode, process_config
 from ..errors import GpufnError
 from ..tags import PLACEMENT_TAG, RunKind

@@ -27,7 +27,8 @@ from typing import Any
 import dagster as dg
 import numpy as np
 
-from ..classes import ClassNow, GpuClass
+from ..class_requests import ClassNow
+from ..classes import GpuClass
 from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.progress import Progress
 from ..refresh.results import RefreshPlan, ShardResult

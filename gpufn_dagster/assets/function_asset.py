@@ -18,7 +18,9 @@ from typing import Any
 
 import dagster as dg
 
-from ..classes import ClassesDir, ClassNow, GpuClass, accept, cached_gpu_classes, resolve_classes_dir
+from ..class_files import cached_gpu_classes, ClassesDir, resolve_classes_dir
+from ..class_requests import accept, ClassNow
+from ..classes import GpuClass
 from ..errors import ClassRequestError, FunctionDefinitionError, GpuClassError
 from ..refresh.engine import ColumnRefresh, RefreshOptions
 from ..refresh.files import TableFiles
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 def resolve_class(function: Function, classes_dir: ClassesDir = None) -> tuple[GpuClass, ...]:
     """The GPU classes the Function accepts, first choice first, by the one rule of class requests
-    (`classes.accept`), refused naming the Function, the field and the class directory."""
+    (`class_requests.accept`), refused naming the Function, the field and the class directory."""
     directory = resolve_classes_dir(classes_dir)
     try:
         return accept(function.gpu_classes, function.gpu_count, cached_gpu_classes(directory))

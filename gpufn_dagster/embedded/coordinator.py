@@ -30,7 +30,9 @@ from typing import Any
 from dagster import DagsterRunStatus, RunsFilter
 from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
-from ..classes import GpuClass, accept, cached_gpu_classes, choice_view, resolve_classes_dir
+from ..class_files import cached_gpu_classes, resolve_classes_dir
+from ..class_requests import accept, choice_view
+from ..classes import GpuClass
 from ..private_ledger import EngineEventData, HoldsInstance
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, CapacityReason, CapacityState, class_choice, gpu_pool,
@@ -52,7 +54,7 @@ HELD_BY_INVALID_CLASSES = {"key": CAPACITY_REASON_TAG, "value": CapacityReason.C
 def pooled_classes(classes: Mapping[str, GpuClass], requests: Iterable[str]) -> dict[str, GpuClass]:
     """The classes, and each ordered choice of them among `requests` (the classes of the pools, or
     of a run being submitted) -- a Function that accepts several classes claims a slot of the pool
-    `gpu-h100-80gb|a100-80gb` -- as this coordinator counts them (`classes.choice_view`): a
+    `gpu-h100-80gb|a100-80gb` -- as this coordinator counts them (`class_requests.choice_view`): a
     choice's local slots are its classes' together, its max_wait its first class's.
 
     Example:

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..classes import GpuClass, accept
+from ..class_requests import accept
+from ..classes import GpuClass
 from ..errors import ClassRequestError, PlacementError
 from ..k8s_syntax import parse_quantity
 from ..tags import CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG, choice_request, class_choice

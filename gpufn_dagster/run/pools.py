@@ -69,7 +69,7 @@ def wait_message(wait: StepWait, gpu_class: GpuClass, ahead: list[StepWait]) -> 
     >>> choice = note_waits([{"run_id": "r9", "step_key": "e", "request": "l4|t4"}],
     ...                     {"l4": [{"run_id": "abcdef123", "step_key": "s"}], "t4": [{"run_id": "0123456789", "step_key": "t"}]})[0]
     >>> t4 = GpuClass(name="t4", gpu_model="T4", gpu_memory="16GiB", max_gpu_count_per_worker=1)
-    >>> from gpufn_dagster.classes import choice_view
+    >>> from gpufn_dagster.class_requests import choice_view
     >>> print(wait_message(choice, choice_view((l4, t4)), []))
     Step e waits for a local GPU slot of class 'l4|t4' (l4, else t4): l4: all slot(s) in use (run abcdef12 step s); t4: all slot(s) in use (run 01234567 step t); first in line, 1 step(s) of the choice waiting. It starts as soon as a slot of either frees. It gives up after max_wait 3600s.
     """
@@ -102,7 +102,7 @@ def pool_limits_now(pooled: Mapping[str, GpuClass], held: Mapping[str, Sequence[
 
     >>> a, b = (GpuClass(name=n, gpu_model="X", gpu_memory="8GiB", max_gpu_count_per_worker=1, local={"slots": 1})
     ...         for n in ("a", "b"))
-    >>> from gpufn_dagster.classes import choice_view
+    >>> from gpufn_dagster.class_requests import choice_view
     >>> pooled = {"a": a, "b": b, "a|b": choice_view((a, b))}
     >>> pool_limits_now(pooled, {})
     {'a': 1, 'b': 1, 'a|b': 2}

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
 from dagster import DagsterRun
 
-from ..classes import ClassesDir, GpuClass, cached_gpu_classes
+from ..class_files import cached_gpu_classes, ClassesDir
+from ..classes import GpuClass
 from ..errors import PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GOT_CLASS_TAG, GPU_CLASS_TAG, SHARD_TAG,
                     WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, RunKind, waiting_since)

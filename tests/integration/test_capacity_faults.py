@@ -11,7 +11,7 @@ import pytest
 from dagster import DagsterInstance
 
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 
 from ..conftest import CLASSES, launcher_at
 

@@ -15,7 +15,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.test_utils import instance_for_test
 
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
 from gpufn_dagster.run.gauges import stored_gauges

@@ -23,7 +23,7 @@ import lancedb
 import pyarrow as pa
 import pytest
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.refresh.files import TableFiles
 from gpufn_devcluster.cluster import binaries_dir
 from gpufn_devcluster.deployment import Deployment, small_classes

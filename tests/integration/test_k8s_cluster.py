@@ -7,7 +7,7 @@ from __future__ import annotations
 import kubernetes
 import pytest
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 
 from ..conftest import CLASSES, CPU_NODES, NODES_PER_CLASS, wait_for
 from ..helpers import a100, gpu_pod

@@ -16,7 +16,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.launcher import WorkerStatus
 from dagster._core.test_utils import instance_for_test
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.run.kueue import kueue_manifests
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects

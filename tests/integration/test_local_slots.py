@@ -18,7 +18,7 @@ import pytest
 import yaml
 from dagster import DagsterEventType, DagsterRunStatus
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.embedded.coordinator import embedded_class_gauges
 
 

@@ -26,7 +26,7 @@ from dagster._core.test_utils import instance_for_test
 from dagster._grpc.types import ExecuteStepArgs
 from dagster._serdes import serialize_value
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.refresh.files import TableFiles
 from gpufn_devcluster.cluster import binaries_dir
 from gpufn_devcluster.realnode import REAL_NODE_LABEL, WORKER_IMAGE, RealNode, host_mounts, missing_runtime

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.run.capacity import Verdict, decide, decide_without_pod, kueue_verdict, parse_scheduler_message
 from gpufn_dagster.run.kueue import WorkloadStatus
 from gpufn_dagster.tags import CAPACITY_REASON_TAG, CAPACITY_TAG, QUEUE_POSITION_TAG, WAITING_SINCE_TAG, CapacityState

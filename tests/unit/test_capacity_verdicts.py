@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpufn_dagster.run.capacity import parse_scheduler_message, pod_verdict
 from gpufn_dagster.tags import CapacityState
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 
 from ..conftest import CLASSES
 

@@ -1,4 +1,4 @@
-"""The one rule of GPU class requests (`classes.accept`), tested once: what a Function's load, its
+"""The one rule of GPU class requests (`class_requests.accept`), tested once: what a Function's load, its
 steps and the launcher all refuse, and the lenient reading of a request made earlier. The paths
 that apply it are tested for how they wrap it (test_function_load, test_placement)."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpufn_dagster.classes import GpuClass, accept, load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.class_requests import accept
+from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.errors import ClassRequestError
 
 from ..conftest import CLASSES

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpufn_dagster import GpuClassError, list_gpu_classes, load_gpu_classes
-from gpufn_dagster.classes import cached_gpu_classes
+from gpufn_dagster.class_files import cached_gpu_classes
 
 from ..conftest import CLASSES
 from ..helpers import gpufn_serve

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
-    "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.checks", "gpufn_dagster.classes", "gpufn_dagster.function_spec.code_version",
+    "gpufn_dagster.assets.function_asset", "gpufn_dagster.assets.checks", "gpufn_dagster.classes", "gpufn_dagster.class_files", "gpufn_dagster.class_requests", "gpufn_dagster.function_spec.code_version",
     "gpufn_dagster.components.function_column", "gpufn_dagster.assets.definitions", "gpufn_dagster.function_spec.functions",
     "gpufn_dagster.k8s_syntax", "gpufn_dagster.function_spec.options", "gpufn_dagster.refresh.batches", "gpufn_dagster.refresh.engine",
     "gpufn_dagster.refresh.execute", "gpufn_dagster.refresh.gpu_stats",

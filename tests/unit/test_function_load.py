@@ -61,7 +61,7 @@ def test_no_class_means_default_and_version_changes_with_options():
 
 
 def test_a_class_request_refused_at_load_names_the_function_the_field_and_the_class_files(monkeypatch):
-    """The rule is `classes.accept`'s (test_class_requests); the load prefixes the Function and
+    """The rule is `class_requests.accept`'s (test_class_requests); the load prefixes the Function and
     names the directory the classes came from."""
     with pytest.raises(FunctionDefinitionError) as err:
         gpu_function(table="items", column="y", gpu_class="a100-40gb")(lambda_free_double)

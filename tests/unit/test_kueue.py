@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from gpufn_dagster.classes import load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.errors import GpuClassError
 from gpufn_dagster.run.kueue import kueue_labels, queue_positions, workload_status
 

@@ -3,7 +3,9 @@ its tags and the clock (`run.local_capacity`, the sibling of the pods' `capacity
 
 from __future__ import annotations
 
-from gpufn_dagster.classes import GpuClass, choice_view, load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.class_requests import choice_view
+from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.run.local_capacity import decide_local_placement, decide_slots
 from gpufn_dagster.run.placement import Placement
 from gpufn_dagster.run.pools import StepWait, note_waits

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufn_dagster.classes import GpuClass, load_gpu_classes
+from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.errors import ClassRequestError, PlacementError
 from dataclasses import replace
 
@@ -26,7 +27,7 @@ def test_requests_take_the_largest_count_per_class_and_ignore_cpu_steps():
 def test_a_run_of_two_classes_is_refused_and_a_request_the_classes_cannot_serve_says_the_rules_problem():
     with pytest.raises(PlacementError, match="2 GPU classes: a100-80gb .2 GPU., l4 .1 GPU."):
         resolve_placement({"l4": 1, "a100-80gb": 2}, CLASSES_BY_NAME)
-    # the class-request rule is `classes.accept`'s (test_class_requests); launch wraps its error
+    # the class-request rule is `class_requests.accept`'s (test_class_requests); launch wraps its error
     with pytest.raises(PlacementError) as err:
         resolve_placement({"a100-80gb|l4": 5}, CLASSES_BY_NAME)
     assert isinstance(err.value.__cause__, ClassRequestError) and err.value.__cause__.field == "gpu_count"

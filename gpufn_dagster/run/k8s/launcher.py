@@ -38,7 +38,7 @@ from dagster import DagsterEventType, DagsterRun
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 
-from ...classes import ClassesDir, resolve_classes_dir
+from ...class_files import ClassesDir, resolve_classes_dir
 from ...private_ledger import EngineEventData, HoldsInstance, LaunchRunContext, k8s_api_host
 from ...errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ...tags import PLACEMENT_REJECTED, PLACEMENT_TAG, RunKind, run_gpu_tags

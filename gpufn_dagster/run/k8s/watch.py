@@ -38,7 +38,9 @@ import dagster as dg
 import kubernetes
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from ...classes import ClassesDir, GpuClass, accept, cached_gpu_classes, choice_view
+from ...class_files import cached_gpu_classes, ClassesDir
+from ...class_requests import accept, choice_view
+from ...classes import GpuClass
 from ...private_ledger import EngineEventData
 from ...errors import GpuClassError
 from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
