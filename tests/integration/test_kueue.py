@@ -168,7 +168,7 @@ def test_quota_admits_one_run_the_next_waits_with_kueues_reason_and_starts_when_
     run = instance.get_run_by_id(second)
     assert (run.tags["gpufn/capacity"], run.tags[".dagster/gpufn-kueue"]) == ("scheduled", "admitted")
     said = event_metadata(instance, second)
-    assert [m["ClusterQueue"] for m in said if "ClusterQueue" in m] == [queue], said
+    assert [m["ClusterQueue"] for m in said if "ClusterQueue" in m and "Kueue" in m] == [queue], said
     assert [m["Node"].startswith("l4-") for m in said if "Node" in m] == [True], said
 
 
