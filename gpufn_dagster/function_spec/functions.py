@@ -103,7 +103,8 @@ class Function:
     version: str
     source_asset: str
     max_batch_size: int  # the most rows one call takes (batch_size is the first call's)
-    # The declaration as given (checked): what the Function does not derive, it reads here --
+    # The declaration as given (checked; a run's config may set some, `function_asset.for_this_run`):
+    # what the Function does not derive, it reads here --
     # checkpoint_seconds, workers, max_gpus, publish_every_rows, row_timeout_seconds, the failure
     # budget, classes_dir, backfill_policy, group_name.
     options: FunctionOptions

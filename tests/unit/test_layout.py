@@ -158,20 +158,24 @@ def test_each_folder_says_what_it_may_import_and_keeps_to_it():
     assert broken == [], "\n".join(broken)
 
 
-def test_no_module_string_names_a_module_of_a_wing_its_folder_may_not_import():
-    """Modules named in strings (`python -m ...`, preload lists, mock targets) obey the same rules."""
+def _named_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every gpufn_dagster module a string of the file names."""
     import ast
     import re
 
+    return [(node.lineno, name) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            for name in re.findall(r"gpufn_dagster(?:\.\w+)+", node.value)]
+
+
+def test_no_module_string_names_a_module_of_a_wing_its_folder_may_not_import():
+    """Modules named in strings (`python -m ...`, preload lists, mock targets) obey the same rules."""
     broken = []
     for folder in FOLDERS:
         may, _ = _rules(folder)
         for _, path in _modules(folder):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    for name in re.findall(r"gpufn_dagster(?:\.\w+)+", node.value):
-                        if _folder(name) in WINGS and _folder(name) not in {folder, *may}:
-                            broken.append(f"{path.relative_to(REPO)}:{node.lineno} names {name}")
+            broken += [f"{path.relative_to(REPO)}:{line} names {name}" for line, name in _named_modules(path)
+                       if _folder(name) in WINGS and _folder(name) not in {folder, *may}]
     assert broken == [], broken
 
 
@@ -184,13 +188,13 @@ def test_the_wings_and_the_core_name_each_module_they_hold():
         assert unnamed == [], f"{folder}/__init__.py does not name {unnamed}"
 
 
-def test_the_rules_catch_a_wing_importing_the_other(tmp_path, monkeypatch):
-    """A test that cannot fail is a defect: the import check finds an embedded module importing the
+def test_the_rules_catch_a_wing_importing_the_other(tmp_path):
+    """A test that cannot fail is a defect: the checks find an embedded module importing the
     Kubernetes wing lazily, and one naming it in a string."""
     module = REPO / "gpufn_dagster" / "embedded" / "slots.py"
-    lines = [(line, name) for line, name in _imports("gpufn_dagster.embedded.slots", module)]
-    assert not [n for _, n in lines if _folder(n) == "run.k8s"]
+    assert not [n for _, n in _imports("gpufn_dagster.embedded.slots", module) if _folder(n) == "run.k8s"]
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from ..run.k8s import watch\n    return 'gpufn_dagster.run.k8s.watch'\n")
     imported = _imports("gpufn_dagster.embedded.probe", probe)
     assert imported == [(2, "gpufn_dagster.run.k8s")] and _folder(imported[0][1]) in NEVER["embedded"]
+    assert [(line, _folder(name)) for line, name in _named_modules(probe)] == [(3, "run.k8s")]
