@@ -105,7 +105,9 @@ def fanout(rows: int, workers: list[int]) -> list[dict]:
             while instance.get_run_by_id(run_id).status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
                 list(daemon.run_iteration(workspace))
                 time.sleep(0.2)
-            assert instance.get_run_by_id(run_id).status == DagsterRunStatus.SUCCESS
+            if instance.get_run_by_id(run_id).status != DagsterRunStatus.SUCCESS:
+                said = [f"{e.step_key or ''} {e.dagster_event_type or ''} {e.message}" for e in instance.all_logs(run_id)]
+                raise SystemExit(f"run {run_id} (workers={n}) did not succeed; its log:\n" + "\n".join(said))
             return run_id, time.monotonic() - started
 
         # A session's first run finds no warm run worker, and a slot's first step no warm instance;

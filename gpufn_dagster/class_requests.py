@@ -26,7 +26,8 @@ def accept(request: str | Sequence[str], count: int | None, classes: Mapping[str
     tag, a pool, an annotation). Refused with a `ClassRequestError` naming the field: no class, a
     class named twice, an unknown class, a `count` below 1 or above a class's
     `max_gpu_count_per_worker`, classes naming different GPU resources (one pod asks for one
-    resource whichever pool it lands on), and classes in Kueue mode mixed with classes not (Kueue
+    resource whichever pool it lands on), DRA classes mixed with extended-resource classes (one pod
+    gets its GPUs through a claim or through a resource limit), and classes in Kueue mode mixed with classes not (Kueue
     admits a Job on one ClusterQueue's flavors, or the scheduler places it, never both).
 
     `lenient` reads back a request made earlier (a run's tag, a pod's annotation), when the classes
@@ -57,7 +58,8 @@ def accept(request: str | Sequence[str], count: int | None, classes: Mapping[str
         if count is not None and count > gpu_class.max_gpu_count_per_worker:
             raise ClassRequestError("gpu_count", f"{count} GPUs exceeds class {name!r}'s max_gpu_count_per_worker of "
                                                  f"{gpu_class.max_gpu_count_per_worker}")
-        if accepted and gpu_class.resource_name != accepted[0].resource_name:
+        if accepted and gpu_class.resource_name != accepted[0].resource_name and not (
+                gpu_class.claims_devices or accepted[0].claims_devices):  # a claim names no resource
             raise ClassRequestError("gpu_class", f"classes {accepted[0].name!r} ({accepted[0].resource_name}) and "
                                                  f"{name!r} ({gpu_class.resource_name}) name different GPU resources; "
                                                  "the classes accepted together must share one, since their pod asks "
@@ -65,6 +67,14 @@ def accept(request: str | Sequence[str], count: int | None, classes: Mapping[str
         accepted.append(gpu_class)
     if count is not None and count < 1:
         raise ClassRequestError("gpu_count", f"GPU count must be at least 1, got {count}")
+    if len({c.claims_devices for c in accepted}) > 1:
+        raise ClassRequestError("gpu_class", f"of the classes accepted together, "
+                                             f"{', '.join(repr(c.name) for c in accepted if c.claims_devices)} get their "
+                                             f"GPUs through a DRA claim and "
+                                             f"{', '.join(repr(c.name) for c in accepted if not c.claims_devices)} "
+                                             "through an extended resource; accept DRA classes together (one claim "
+                                             "whose firstAvailable tries them in order) or extended-resource classes "
+                                             "together (one resource, any of their pools)")
     if len({c.kueue is None for c in accepted}) > 1:
         raise ClassRequestError("gpu_class", f"of the classes accepted together, "
                                              f"{', '.join(repr(c.name) for c in accepted if c.kueue)} are in Kueue mode "

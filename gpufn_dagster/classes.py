@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from .k8s_syntax import (extended_resource_problem, label_value_problem, parse_quantity, qualified_name_problem,
-                         quantity_problem)
+from .device_cel import cel_problem
+from .k8s_syntax import (dns_subdomain_problem, extended_resource_problem, label_value_problem, parse_quantity,
+                         qualified_name_problem, quantity_problem)
 
 DEFAULT_CLASS = "default"
 
@@ -218,6 +219,51 @@ class KueueQueue(_Strict):
         return table[max(at_or_below) if at_or_below else min(table)]
 
 
+class DraDevices(_Strict):
+    """A class whose workers get their GPUs through Dynamic Resource Allocation: each GPU pod gets a
+    ResourceClaim (from a template made with its run) for `count_per_gpu` devices per GPU of
+    `device_class` that pass every CEL expression in `selectors` (with the DeviceClass's own).
+
+    `extended_resource: true` says the device class has an `extendedResourceName` (KEP-5004) equal
+    to the class's `resource_name`: pods keep asking for that resource, and the scheduler allocates
+    the devices behind it. The selectors then belong on the DeviceClass, not here.
+
+    >>> DraDevices(device_class="gpu.nvidia.com",
+    ...            selectors=['device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"']).count_per_gpu
+    1
+    """
+
+    device_class: str
+    selectors: list[str] = Field(default_factory=list, max_length=32)
+    count_per_gpu: int = Field(default=1, ge=1, le=64)
+    extended_resource: bool = False
+
+    @field_validator("device_class")
+    @classmethod
+    def _device_class(cls, value: str) -> str:
+        if problem := dns_subdomain_problem(value):
+            raise ValueError(f"{value!r} is not a DeviceClass name: {problem}")
+        return value
+
+    @field_validator("selectors")
+    @classmethod
+    def _selectors(cls, value: list[str]) -> list[str]:
+        for index, expression in enumerate(value):
+            if len(expression) > 10 * 1024:  # the apiserver's limit on one selector
+                raise ValueError(f"selector {index} is {len(expression)} characters; at most 10240")
+            if problem := cel_problem(expression):
+                raise ValueError(f"selector {index} {expression[:200]!r} is not CEL (parsed as the apiserver's CEL "
+                                 f"grammar; the apiserver type-checks it when a claim is created): {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _extended(self) -> DraDevices:
+        if self.extended_resource and (self.selectors or self.count_per_gpu != 1):
+            raise ValueError("extended_resource: true asks for the class's resource_name, which the DeviceClass "
+                             "backs: selectors and count_per_gpu belong on the DeviceClass then, not here")
+        return self
+
+
 class GpuClass(_Strict):
     """A named pool of GPU nodes: where its workers run and what one worker may ask for."""
 
@@ -236,6 +282,7 @@ class GpuClass(_Strict):
     max_gpus_per_refresh: int | None = Field(default=None, ge=1)  # the most GPUs one refresh holds at once
     local: LocalSlots = Field(default_factory=LocalSlots)
     kueue: KueueQueue | None = None  # Kueue mode: Jobs go to this LocalQueue and wait for its admission
+    dra: DraDevices | None = None  # GPUs through a DRA claim instead of the extended resource
     description: str | None = None
 
     @field_validator("name")
@@ -276,6 +323,34 @@ class GpuClass(_Strict):
             raise ValueError("must be positive")
         return value
 
+    @model_validator(mode="after")
+    def _kueue_counts_resources(self) -> GpuClass:
+        if self.kueue is not None and self.claims_devices:
+            raise ValueError("kueue and a DRA claim (dra without extended_resource) together are not supported: "
+                             "gpufn's Kueue mode gives each ClusterQueue quota of the class's resource_name, which a "
+                             "claim does not request; use dra.extended_resource: true (the DeviceClass's "
+                             "extendedResourceName, which Kueue counts as that resource) or leave kueue out")
+        return self
+
+    @property
+    def claims_devices(self) -> bool:
+        """Whether its GPU pods get their devices through a ResourceClaim (DRA), not a resource limit."""
+        return self.dra is not None and not self.dra.extended_resource
+
+    @property
+    def requested_as(self) -> str:
+        """What its pods ask for, in words: the extended resource, or the DRA device class claimed.
+
+        >>> GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=2).requested_as
+        'nvidia.com/gpu'
+        """
+        if self.dra is None:
+            return self.resource_name
+        if self.dra.extended_resource:
+            return f"{self.resource_name} (backed by DRA device class {self.dra.device_class})"
+        per_gpu = f", {self.dra.count_per_gpu} devices per GPU" if self.dra.count_per_gpu > 1 else ""
+        return f"DRA device class {self.dra.device_class}{per_gpu}"
+
     def summary(self) -> dict[str, Any]:
         """The listing view: the attributes LanceDB's GPU-class documentation uses, plus placement."""
         return {
@@ -290,6 +365,7 @@ class GpuClass(_Strict):
             "max_gpus_per_refresh": self.max_gpus_per_refresh,
             "local_slots": self.local.slots,
             "kueue_local_queue": self.kueue.local_queue if self.kueue else None,
+            "dra": self.dra.model_dump() if self.dra else None,
         }
 
 

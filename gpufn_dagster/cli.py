@@ -42,7 +42,7 @@ def classes(classes_dir: str | None, as_json: bool) -> None:
         return
     from tabulate import tabulate
 
-    rows = [[c.name, c.gpu_model, _gib(c.gpu_memory_bytes), c.resource_name, c.max_gpu_count_per_worker,
+    rows = [[c.name, c.gpu_model, _gib(c.gpu_memory_bytes), c.requested_as, c.max_gpu_count_per_worker,
              c.local.slots, "" if c.price_per_gpu_hour is None else f"${c.price_per_gpu_hour:.2f}"] for c in found]
     click.echo(tabulate(rows, headers=["NAME", "GPU MODEL", "GPU MEMORY", "RESOURCE", "MAX GPUS/WORKER",
                                        "LOCAL SLOTS", "PRICE/GPU-H"]))

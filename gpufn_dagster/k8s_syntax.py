@@ -57,6 +57,17 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
+def dns_subdomain_problem(name: str) -> str | None:
+    """Why `name` cannot name an object that takes a DNS subdomain (a DeviceClass), or None.
+
+    >>> dns_subdomain_problem("gpu.nvidia.com"), dns_subdomain_problem("GPU")[:26]
+    (None, 'must be a DNS subdomain (l')
+    """
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        return "must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)"
+    return None
+
+
 def extended_resource_problem(name: str) -> str | None:
     """Why `name` cannot be a GPU resource a container asks for (e.g. nvidia.com/gpu), or None."""
     prefix, slash, _ = name.partition("/")

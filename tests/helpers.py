@@ -28,6 +28,7 @@ from gpufn_dagster import GpuClassError, build_definitions
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.classes import GpuClass
+from gpufn_dagster.run.gauges import stored_gauges
 
 from .conftest import CLASSES, wait_for
 
@@ -106,9 +107,9 @@ def launcher_config(cluster, namespace: str, classes_dir: Path, cls: str = "GpuK
 
 
 def materialize(instance: DagsterInstance, *assets: str, tags: dict[str, str] | None = None,
-                job: str = "__ASSET_JOB", run_config: dict | None = None) -> str:
-    """Launch a run the way the UI's Materialize button does; returns the run id."""
-    origin = LoadableTargetOrigin(python_file=str(DEFS), attribute="defs")
+                job: str = "__ASSET_JOB", run_config: dict | None = None, defs: Path = DEFS) -> str:
+    """Launch a run the way the UI's Materialize button does (of the code location `defs`); returns the run id."""
+    origin = LoadableTargetOrigin(python_file=str(defs), attribute="defs")
     with in_process_test_workspace(instance, origin) as context:
         (location,) = context.code_location_names
         result = execute_dagster_graphql(context, LAUNCH_PIPELINE_EXECUTION_MUTATION, variables={"executionParams": {
@@ -138,6 +139,24 @@ def event_metadata(instance: DagsterInstance, run_id: str) -> list[dict[str, obj
     return found
 
 
+def run_pod(core, namespace: str, run_id: str):
+    """The run worker pod of the run (waiting for it to exist)."""
+    return wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
+                    what="run pod")[0]
+
+
+def unschedulable(core, namespace: str, run_id: str) -> bool:
+    pod = run_pod(core, namespace, run_id)
+    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
+
+
+def class_gauges(instance: DagsterInstance, gpu_class: str) -> tuple:
+    """(unit, capacity, in use, steps waiting, runs waiting) of the class, as the last tick stored them."""
+    gauges, _ = stored_gauges(instance)
+    (g,) = [g for g in gauges if g.gpu_class == gpu_class]
+    return g.unit, g.capacity, g.in_use, g.steps_waiting, g.runs_waiting
+
+
 def job_pod(cluster, namespace: str, run_id: str):
     core = kubernetes.client.CoreV1Api(cluster.api_client())
     pods = wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
@@ -147,7 +166,7 @@ def job_pod(cluster, namespace: str, run_id: str):
     return core.read_namespaced_pod(name, namespace), core.read_node(node)
 
 
-def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict | None = None):
+def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict | None = None, defs: Path = DEFS):
     """The step handler gpufn's executor builds in the run worker (`step_pods_executor`, its config
     as a run config's `gpu_step_pods` gives it), with the environment the launcher gave the run worker pod."""
     from dagster._core.definitions.reconstruct import ReconstructableRepository
@@ -158,7 +177,7 @@ def step_handler(cluster, namespace: str, instance, run, step_k8s_config: dict |
 
     pod, _node = job_pod(cluster, namespace, run.run_id)
     environment = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
-    job = ReconstructableRepository.for_file(str(DEFS), "defs").get_reconstructable_job(run.job_name)
+    job = ReconstructableRepository.for_file(str(defs), "defs").get_reconstructable_job(run.job_name)
     config = {"retries": {"enabled": {}},
               "gpu_step_pods": {"job_image": "gpufn/worker:test", "step_k8s_config": step_k8s_config or {}}}
     pods = step_pods_executor(InitExecutorContext(job=job, executor_def=gpu_classes_executor, executor_config=config,
@@ -187,11 +206,11 @@ def create_step_job(cluster, namespace: str, instance, run, handler, key: str, t
 
 
 def shard_step_pods(cluster, namespace: str, instance, run, shards: range, pods: bool = True,
-                    step_k8s_config: dict | None = None) -> list[str]:
+                    step_k8s_config: dict | None = None, defs: Path = DEFS) -> list[str]:
     """Create the shard steps' Jobs as gpufn's step handler makes them, with the placement the launcher
     decided at launch (KWOK runs no step worker to launch them); returns their pods' names (with
     `pods=False`, the Jobs' names, not waiting for pods: Kueue may hold a Job back)."""
-    handler = step_handler(cluster, namespace, instance, run, step_k8s_config)
+    handler = step_handler(cluster, namespace, instance, run, step_k8s_config, defs)
     plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
     (shard_step,) = [step for step in plan.steps if "_shard" in step.key]
     core = kubernetes.client.CoreV1Api(cluster.api_client())

@@ -1,6 +1,7 @@
 """Fake nodes for each GPU class: the labels, taints and allocatable a real pool would carry.
 
-Pure: GpuClass -> Node manifests. A node satisfies its class's selector and first affinity
+Pure: GpuClass -> Node manifests; and a DRA driver's objects as a test publishes them in its place
+(`device_class`, `resource_slice`, `gpu_devices`). A node satisfies its class's selector and first affinity
 term, carries a taint for every toleration that has an effect (so only pods of the class land
 there), and exposes the class's resource (nvidia.com/gpu or a MIG slice) as allocatable.
 """
@@ -54,11 +55,36 @@ def gpu_nodes(gpu_class: GpuClass, count: int, *, gpus_per_node: int | None = No
          if v is not None}
         for t in gpu_class.tolerations if t.effect and t.key
     ]
-    allocatable = {gpu_class.resource_name: str(gpus_per_node or gpu_class.max_gpu_count_per_worker),
-                   "cpu": "64", "memory": "512Gi", "pods": "110"}
+    # A DRA class's nodes have no GPU resource: a driver publishes their devices in ResourceSlices.
+    gpus = {} if gpu_class.claims_devices else {
+        gpu_class.resource_name: str(gpus_per_node or gpu_class.max_gpu_count_per_worker)}
+    allocatable = {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"}
     return [_node(f"{gpu_class.name}-{i}", labels, taints, allocatable) for i in range(count)]
 
 
 def cpu_nodes(count: int) -> list[dict[str, Any]]:
     return [_node(f"{CPU_POOL}-{i}", {POOL_LABEL: CPU_POOL}, [], {"cpu": "16", "memory": "64Gi", "pods": "110"})
             for i in range(count)]
+
+
+def device_class(name: str, driver: str) -> dict[str, Any]:
+    """A DeviceClass of every device `driver` publishes, as a DRA driver's chart installs it."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+
+
+def gpu_devices(product: str, memory: str, count: int, *, start: int = 0, mig_profile: str | None = None,
+                prefix: str = "gpu") -> list[dict[str, Any]]:
+    """`count` GPUs as NVIDIA's DRA driver describes them: product name, memory, and a MIG profile for a slice."""
+    return [{"name": f"{prefix}-{start + i}",
+             "attributes": {"productName": {"string": product}, "index": {"int": start + i},
+                            **({"migProfile": {"string": mig_profile}} if mig_profile else {})},
+             "capacity": {"memory": {"value": memory}}} for i in range(count)]
+
+
+def resource_slice(node: str, driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ResourceSlice a DRA driver's kubelet plugin publishes for the devices of one node."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver.replace('.', '-')}"},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..classes import GpuClass
+from ..device_cel import DeviceCount, device_class_selectors, matching_devices
 from ..k8s_syntax import parse_quantity
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, CONTAINER_FAILING, HOLDING_SINCE_TAG,
                     KUEUE_TAG, POSITION_SAID_TAG, QUEUE_POSITION_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityReason,
@@ -96,18 +97,42 @@ def class_nodes(gpu_class: GpuClass, nodes: Iterable[Any]) -> list[Any]:
     return [n for n in nodes if all((_get(n, "metadata", "labels") or {}).get(k) == v for k, v in selector.items())]
 
 
-def class_gpus(gpu_class: GpuClass, nodes: Iterable[Any]) -> int:
-    """How many GPUs the class's pool has in all (allocatable, over its nodes): its capacity for a wait estimate."""
+def dra_gpus(gpu_class: GpuClass, device_class: Mapping[str, Any] | None, slices: Iterable[Mapping[str, Any]],
+             nodes: Iterable[Any]) -> DeviceCount:
+    """A DRA class's GPUs per node of its pool: the devices its ResourceSlices publish that pass the
+    DeviceClass's selectors and the class's (as the allocator matches them), over `count_per_gpu`.
+    A DeviceClass that does not exist (`device_class` None) has no device."""
+    assert gpu_class.dra is not None
+    if device_class is None:
+        return DeviceCount()
+    pool = {_get(n, "metadata", "name") for n in class_nodes(gpu_class, nodes)}
+    found = matching_devices([*device_class_selectors(device_class), *gpu_class.dra.selectors],
+                             [s for s in slices if ((s.get("spec") or {}).get("nodeName") in pool)])
+    per_gpu = gpu_class.dra.count_per_gpu
+    return DeviceCount({node: n // per_gpu for node, n in found.by_node.items() if n >= per_gpu}, found.unsure)
+
+
+def class_gpus(gpu_class: GpuClass, nodes: Iterable[Any], dra: Mapping[str, DeviceCount] | None = None) -> int:
+    """How many GPUs the class's pool has in all (allocatable, over its nodes; a DRA class's from its
+    ResourceSlices, `dra` by class name): its capacity for a wait estimate."""
+    if gpu_class.dra is not None:
+        return (dra or {}).get(gpu_class.name, DeviceCount()).total()
     return int(sum(parse_quantity((_get(n, "status", "allocatable") or {}).get(gpu_class.resource_name, "0"))
                    for n in class_nodes(gpu_class, nodes)))
 
 
-def could_ever_fit(gpu_class: GpuClass, gpu_count: int, pool: Iterable[Any]) -> bool | None:
+def could_ever_fit(gpu_class: GpuClass, gpu_count: int, pool: Iterable[Any], dra: DeviceCount | None = None) -> bool | None:
     """Whether some node of the pool holds the request when empty; None when the pool has no node
-    (an autoscaler may still add one)."""
+    (an autoscaler may still add one). A DRA class's (`dra`: its GPUs per node, of every class
+    accepted) when some node publishes enough matching devices; None when a device's selectors
+    could not be read here and none had enough."""
     pool = list(pool)
     if not pool:
         return None
+    if dra is not None:
+        if dra.most_on_one_node() >= gpu_count:
+            return True
+        return None if dra.unsure else False
     for node in pool:
         capacity = _get(node, "status", "allocatable") or {}
         if parse_quantity(capacity.get(gpu_class.resource_name, "0")) >= gpu_count:
@@ -116,8 +141,9 @@ def could_ever_fit(gpu_class: GpuClass, gpu_count: int, pool: Iterable[Any]) -> 
 
 
 def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count: int,
-                pool: Iterable[Any]) -> Verdict:
-    """What the pod of a GPU run is doing, from its status, its events and the class's nodes."""
+                pool: Iterable[Any], dra: DeviceCount | None = None) -> Verdict:
+    """What the pod of a GPU run is doing, from its status, its events and the class's nodes (a DRA
+    class's: `dra`, its GPUs per node from ResourceSlices)."""
     node = _get(pod, "spec", "node_name") or _get(pod, "spec", "nodeName")
     statuses = _get(pod, "status", "container_statuses") or _get(pod, "status", "containerStatuses") or []
     for status in statuses:
@@ -137,10 +163,13 @@ def pod_verdict(pod: Any, events: Iterable[Any], gpu_class: GpuClass, gpu_count:
         return Verdict(CapacityState.PENDING, autoscaler=autoscaler)
     message = _get(scheduled, "message") or ""
     reasons = parse_scheduler_message(message)
-    if could_ever_fit(gpu_class, gpu_count, pool) is False:
+    if could_ever_fit(gpu_class, gpu_count, pool, dra) is False:
+        has = (f"publishes {gpu_class.requested_as} devices for {gpu_count} GPU(s) passing the class's selectors "
+               f"in its ResourceSlices (the most on one node: {dra.most_on_one_node()})" if dra is not None else
+               f"has {gpu_count} x {gpu_class.resource_name} allocatable")
         return Verdict(CapacityState.NEVER_FITS, CapacityReason.UNSCHEDULABLE.value,
-                       f"no node of GPU class {gpu_class.name!r} has {gpu_count} x {gpu_class.resource_name} "
-                       f"allocatable even when empty; the scheduler says: {message}", reasons=reasons, autoscaler=autoscaler)
+                       f"no node of GPU class {gpu_class.name!r} {has} even when empty; the scheduler says: {message}",
+                       reasons=reasons, autoscaler=autoscaler)
     return Verdict(CapacityState.WAITING, CapacityReason.UNSCHEDULABLE.value, message, reasons=reasons,
                    autoscaler=autoscaler)
 
@@ -271,7 +300,7 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
     previous_state = previous.get(CAPACITY_TAG)
     queue = f"in ClusterQueue {cluster_queue}" if cluster_queue else "waiting on this class"
     in_queue = {"ClusterQueue": cluster_queue} if cluster_queue else {}
-    request = f"{gpu_count} x {gpu_class.resource_name}"
+    request = f"{gpu_count} x {gpu_class.requested_as}"
     if verdict.state is CapacityState.WAITING:
         since = now if previous_state == CapacityState.SCHEDULED.value else waiting_since(previous, now)
         waited = now - since

@@ -23,6 +23,7 @@ from ..classes import GpuClass
 from ..errors import ClassRequestError, PlacementError
 from ..k8s_syntax import parse_quantity
 from ..tags import CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GPU_CLASS_TAG, GPU_COUNT_TAG, choice_request, class_choice
+from .claims import CLAIM_NAME, claim_template_spec
 from .kueue import kueue_labels
 
 _GPU_RESOURCE_HINTS = ("gpu", "mig-", "nvidia.com/", "amd.com/", "habana.ai/", "google.com/tpu")
@@ -51,7 +52,7 @@ class Placement:
         return choice_request([c.name for c in self.accepted])
 
     def describe(self) -> str:
-        return f"{self.gpu_count} x {self.gpu_class.resource_name} on GPU class {_either(self.request)}"
+        return f"{self.gpu_count} x {self.gpu_class.requested_as} on GPU class {_either(self.request)}"
 
 
 def _either(request: str) -> str:
@@ -77,24 +78,38 @@ class PodPlacement:
     resource_name: str
     config: Mapping[str, Any]  # `placement_k8s_config` of the class as it was at launch
     priority_class: str | None = None  # the Kueue priority class the run's priority picked, if any
+    # A DRA class's pods: the ResourceClaimTemplate they name, {"name", "spec"} (`claims.claim_template_spec`).
+    claim: Mapping[str, Any] | None = None
 
     @classmethod
-    def decide(cls, placement: Placement) -> PodPlacement:
+    def decide(cls, placement: Placement, claim_template: str | None = None) -> PodPlacement:
+        """The pod's placement; a DRA class's pods name `claim_template` (the launcher creates it
+        with the run: `claims.claim_template_name`), which a DRA class needs."""
         kueue = placement.gpu_class.kueue
-        return cls(placement.request, placement.gpu_count, placement.gpu_class.resource_name,
-                   placement_k8s_config(placement), kueue.priority_class_for(placement.priority) if kueue else None)
+        claim = None
+        if placement.gpu_class.claims_devices:
+            if claim_template is None:
+                raise PlacementError(f"GPU class {placement.gpu_class.name!r} claims DRA devices: its pods need a "
+                                     "claim template named at launch")
+            claim = {"name": claim_template, "spec": claim_template_spec(placement.accepted, placement.gpu_count)}
+        return cls(placement.request, placement.gpu_count, placement.gpu_class.requested_as,
+                   placement_k8s_config(placement, claim_template if claim else None),
+                   kueue.priority_class_for(placement.priority) if kueue else None, claim)
 
     def describe(self) -> str:
+        if self.claim is not None:
+            return (f"{self.gpu_count} x {self.resource_name} through a DRA claim (template {self.claim['name']}) "
+                    f"on GPU class {_either(self.gpu_class)}")
         return f"{self.gpu_count} x {self.resource_name} on GPU class {_either(self.gpu_class)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"gpu_class": self.gpu_class, "gpu_count": self.gpu_count, "resource_name": self.resource_name,
-                "config": self.config, "priority_class": self.priority_class}
+                "config": self.config, "priority_class": self.priority_class, "claim": self.claim}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> PodPlacement:
         return cls(value["gpu_class"], int(value["gpu_count"]), value["resource_name"], value["config"],
-                   value.get("priority_class"))
+                   value.get("priority_class"), value.get("claim"))
 
 
 def request_key(gpu_class: str, gpu_count: int) -> str:
@@ -204,8 +219,11 @@ K8S_CONFIG_SECTIONS = (CONTAINER_CONFIG, POD_METADATA, POD_SPEC_CONFIG, "job_con
                        "deployment_metadata", "service_metadata", "service_spec_config")
 
 
-def placement_k8s_config(placement: Placement) -> dict[str, Any]:
+def placement_k8s_config(placement: Placement, claim_template: str | None = None) -> dict[str, Any]:
     """The class's placement as a dagster-k8s user-defined config (snake_case, merged last).
+
+    A DRA class's pod asks for no GPU resource: its container names the claim `gpu`, which the pod
+    makes from `claim_template`.
 
     A placement that accepts several classes may land on any of their pools: its required node
     affinity ORs one term per class (the class's selector and affinity), its tolerations are all
@@ -214,8 +232,9 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
     class and an annotation all of them (`CLASSES_ANNOTATION`).
     """
     gpu_class, count = placement.gpu_class, placement.gpu_count
-    limits: dict[str, str] = {gpu_class.resource_name: str(count)}
-    requests: dict[str, str] = {gpu_class.resource_name: str(count)}
+    gpus = {} if claim_template else {gpu_class.resource_name: str(count)}
+    limits: dict[str, str] = dict(gpus)
+    requests: dict[str, str] = dict(gpus)
     if gpu_class.cpu:
         requests["cpu"] = gpu_class.cpu
     if gpu_class.memory:
@@ -240,8 +259,12 @@ def placement_k8s_config(placement: Placement) -> dict[str, Any]:
     if node_affinity:
         pod_spec["affinity"] = {"node_affinity": node_affinity}
     annotations = {CLASSES_ANNOTATION: placement.request} if choice else {}
+    resources: dict[str, Any] = {"limits": limits, "requests": requests}
+    if claim_template:
+        resources["claims"] = [{"name": CLAIM_NAME}]
+        pod_spec["resource_claims"] = [{"name": CLAIM_NAME, "resource_claim_template_name": claim_template}]
     return {
-        CONTAINER_CONFIG: {"resources": {"limits": limits, "requests": requests}},
+        CONTAINER_CONFIG: {"resources": resources},
         POD_SPEC_CONFIG: pod_spec,
         POD_METADATA: {"labels": labels, **({"annotations": annotations} if annotations else {})},
         JOB_METADATA: {"labels": job_labels, **({"annotations": annotations} if annotations else {})},
@@ -278,10 +301,18 @@ def check_no_extra_gpus(pod_spec_config: Mapping[str, Any], placement: PodPlacem
     gpufn_dagster.errors.PlacementError: init container 'warm' asks for nvidia.com/gpu=8; ...
     """
     gpu_resource = placement.resource_name if placement else None
+    claims = pod_spec_config.get("resource_claims") or pod_spec_config.get("resourceClaims")
+    if claims:
+        raise PlacementError(
+            f"the pod config names resource claims {[c.get('name', '?') for c in claims]}; a GPU pod gets its devices "
+            f"from its class alone ({placement.describe() if placement else 'its class'}), so no layer may add a "
+            "claim (remove resource_claims from the dagster-k8s/config tag or step pod config)")
     for key, kind in (("containers", "container"), ("init_containers", "init container"),
                       ("initContainers", "init container")):
         for container in pod_spec_config.get(key) or []:
             asked = _container_gpus(container, gpu_resource)
+            if (container.get("resources") or {}).get("claims"):
+                asked["claims"] = ",".join(c.get("name", "?") for c in container["resources"]["claims"])
             if asked:
                 bound = (f"class {placement.gpu_class!r} gives the pod's Dagster container {placement.gpu_count} x "
                          f"{gpu_resource} and no other container of the pod may ask for GPUs" if placement else
@@ -303,6 +334,9 @@ def enforce_placement(config: Mapping[str, Any], placement: PodPlacement) -> dic
         section = {k: v for k, v in (resources.get(kind) or {}).items() if not _is_gpu_resource(k)}
         section.update({k: v for k, v in wanted[CONTAINER_CONFIG]["resources"][kind].items()})
         resources[kind] = section
+    resources.pop("claims", None)  # the container's claims are the class's, or none
+    if "claims" in wanted[CONTAINER_CONFIG]["resources"]:
+        resources["claims"] = list(wanted[CONTAINER_CONFIG]["resources"]["claims"])
     for name, request in resources["requests"].items():  # a limit below the class's request is invalid
         limit = resources["limits"].get(name)
         if limit is not None and parse_quantity(limit) < parse_quantity(request):
@@ -315,6 +349,9 @@ def enforce_placement(config: Mapping[str, Any], placement: PodPlacement) -> dic
         if toleration not in tolerations:
             tolerations.append(toleration)
     pod_spec["tolerations"] = tolerations
+    pod_spec.pop("resource_claims", None)  # refused above any layer (check_no_extra_gpus); the class's alone
+    if "resource_claims" in wanted[POD_SPEC_CONFIG]:
+        pod_spec["resource_claims"] = list(wanted[POD_SPEC_CONFIG]["resource_claims"])
     affinity = pod_spec.get("affinity") or {}
     node_affinity = affinity.get("node_affinity") or {}
     if "affinity" in wanted[POD_SPEC_CONFIG]:

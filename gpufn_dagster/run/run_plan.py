@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus, Field, Noneable, RunsFilter, StringSource
 from dagster import DagsterRun
@@ -23,6 +24,7 @@ from ..classes import GpuClass
 from ..errors import PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, GOT_CLASS_TAG, GPU_CLASS_TAG, SHARD_TAG,
                     WAIT_ESTIMATE_TAG, ENDED_WAITING, CapacityReason, CapacityState, RunKind, waiting_since)
+from .claims import claim_template_name
 from .kueue import run_priority
 from .placement import PodPlacement, Placement, gpu_requests, request_key, resolve_placement, step_request
 
@@ -93,15 +95,22 @@ class RunPlan:
     fanned_out: tuple[str, ...] = ()  # per step: Functions whose refresh spreads over several shard pods
     step_placements: Mapping[str, PodPlacement] = field(default_factory=dict)  # per step: request_key -> pod
 
+    @property
+    def claims(self) -> list[Mapping[str, Any]]:
+        """The DRA claim templates its GPU pods name ({"name", "spec"}), which the launcher creates with the run."""
+        pods = [self.pod] if self.pod else list(self.step_placements.values())
+        return [pod.claim for pod in pods if pod is not None and pod.claim is not None]
 
-def _step_placements(step_tags: list[dict[str, str]], classes_dir: ClassesDir, priority: int) -> dict[str, PodPlacement]:
+
+def _step_placements(step_tags: list[dict[str, str]], classes_dir: ClassesDir, priority: int,
+                     run_id: str) -> dict[str, PodPlacement]:
     """Each distinct GPU request of the run's steps (class x count), placed on its own."""
     classes = cached_gpu_classes(classes_dir)
     out: dict[str, PodPlacement] = {}
     for request in filter(None, map(step_request, step_tags)):
         if (key := request_key(*request)) not in out:
             placement = resolve_placement(dict([request]), classes)
-            out[key] = PodPlacement.decide(replace(placement, priority=priority))
+            out[key] = PodPlacement.decide(replace(placement, priority=priority), claim_template_name(run_id, key))
     return out
 
 
@@ -139,9 +148,10 @@ def plan_run(instance: DagsterInstance, run: DagsterRun, classes_dir: ClassesDir
     fanned_out = tuple(sorted({tags[SHARD_TAG] for tags in step_tags if SHARD_TAG in tags}))  # shard steps
     if mode is StepPods.WHEN_CLASSES_MIX and (len(requests) > 1 or fanned_out):
         return RunPlan(RunKind.PER_STEP, classes=tuple(sorted(requests)), fanned_out=fanned_out,
-                       step_placements=_step_placements(step_tags, classes_dir, priority))
+                       step_placements=_step_placements(step_tags, classes_dir, priority, run.run_id))
     placement = replace(resolve_placement(requests, cached_gpu_classes(classes_dir)), priority=priority)
-    return RunPlan(RunKind.GPU, placement, PodPlacement.decide(placement))
+    return RunPlan(RunKind.GPU, placement, PodPlacement.decide(
+        placement, claim_template_name(run.run_id, request_key(placement.request, placement.gpu_count))))
 
 
 # What a run's capacity tag says while it waits for or holds GPU capacity (not once it failed for it).

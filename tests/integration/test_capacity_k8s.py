@@ -18,10 +18,10 @@ from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.class_files import load_gpu_classes
 
 from ..conftest import CLASSES, NODES_PER_CLASS, REPO, wait_for
-from gpufn_dagster.run.gauges import stored_gauges
 from gpufn_dagster.tags import CAPACITY_REASON_TAG, GPU_CLASS_TAG, CapacityReason
 
-from ..helpers import a100, event_metadata, fanned_out_run, gpu_pod, launcher_config, materialize, shard_step_pods
+from ..helpers import (a100, class_gauges, event_metadata, fanned_out_run, gpu_pod, launcher_config, materialize,
+                       run_pod, shard_step_pods, unschedulable)
 
 pytestmark = pytest.mark.k8s
 
@@ -57,23 +57,6 @@ def full_a100_pool(core, namespace) -> list[str]:
     for name in names:
         wait_for(lambda n=name: core.read_namespaced_pod(n, namespace).status.phase == "Running", what=name)
     return names
-
-
-def run_pod(core, namespace: str, run_id: str):
-    return wait_for(lambda: core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items,
-                    what="run pod")[0]
-
-
-def unschedulable(core, namespace: str, run_id: str) -> bool:
-    pod = run_pod(core, namespace, run_id)
-    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in pod.status.conditions or [])
-
-
-def class_gauges(instance: DagsterInstance, gpu_class: str) -> tuple:
-    """(unit, capacity, in use, steps waiting, runs waiting) of the class, as the last tick stored them."""
-    gauges, _ = stored_gauges(instance)
-    (g,) = [g for g in gauges if g.gpu_class == gpu_class]
-    return g.unit, g.capacity, g.in_use, g.steps_waiting, g.runs_waiting
 
 
 def messages(instance: DagsterInstance, run_id: str) -> list[str]:

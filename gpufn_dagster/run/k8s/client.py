@@ -31,12 +31,12 @@ API_ERRORS = (DagsterK8sError, DagsterK8sAPIRetryLimitExceeded, DagsterK8sUnreco
               urllib3.exceptions.HTTPError, kubernetes.client.ApiException)
 # What a status code from the API server means for the person whose run failed.
 _STATUS_MEANING = {
-    400: "the API server refused the Job as malformed",
+    400: "the API server refused it as malformed",
     401: "the launcher's credentials were not accepted",
     403: "the launcher's service account may not create Jobs in this namespace",
     404: "what it names does not exist",  # `_missing` says what, from the API's answer
     409: "a Job with this run's name already exists (this run was launched before)",
-    422: "the API server refused a field of the Job",
+    422: "the API server refused a field of it",
 }
 T = TypeVar("T")
 

@@ -34,16 +34,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import kubernetes
 from dagster import DagsterEventType, DagsterRun
 from dagster_k8s import K8sRunLauncher
+from dagster_k8s.job import get_job_name_from_run_id
 from dagster_k8s.container_context import K8sContainerContext
 
 from ...class_files import ClassesDir, resolve_classes_dir
 from ...private_ledger import EngineEventData, HoldsInstance, LaunchRunContext, k8s_api_host
 from ...errors import GpuClassError, GpuPlacementRejected, PlacementError
 from ...tags import PLACEMENT_REJECTED, PLACEMENT_TAG, RunKind, run_gpu_tags
-from .client import API_ERRORS, api_error
+from .client import API_ERRORS, api_error, call, client_without_retries
 from .pods import placed_context
+from ..claims import claim_template, owned_by
 from ..placement import POD_SPEC_CONFIG, PodPlacement, check_no_extra_gpus, encode_step_placements
 from ..run_plan import CLASSES_DIR_CONFIG, STEP_PLACEMENTS_ENV, STEP_PODS_FIELD, RunPlan, plan_run
 
@@ -82,15 +85,19 @@ class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
                 super().launch_run(context)  # exactly K8sRunLauncher, its errors included
                 return
             self._report_placement(run, plan)
+            namespace = self.get_container_context_for_run(run).namespace or self.job_namespace
+            claims = self._create_claim_templates(run, plan, namespace)
             try:
                 super().launch_run(context)
             except API_ERRORS as err:
+                self._delete_claim_templates(claims, namespace)
                 raise api_error(
                     err, "create the GPU run worker Job",
                     f"the Kubernetes API at {k8s_api_host(self)} "
                     f"(namespace {self.job_namespace!r})",
                     when_unavailable="No Job was created; re-execute the run once the API answers.",
                     when_rejected="Re-executing the run will not help until that is fixed.") from err
+            self._own_claim_templates(run, claims, namespace)
         finally:
             self._plans.pop(run.run_id, None)
 
@@ -113,6 +120,47 @@ class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
             self.instance.add_run_tags(run.run_id, {PLACEMENT_TAG: PLACEMENT_REJECTED})
             raise GpuPlacementRejected(f"GPU run not launched (no Kubernetes Job was created): {err}") from None
         return plan
+
+    def _create_claim_templates(self, run: DagsterRun, plan: RunPlan, namespace: str) -> list[str]:
+        """The ResourceClaimTemplates of the run's DRA pods, created before its Job (so no pod ever
+        names a missing one); the apiserver compiles their CEL selectors as it does every claim's.
+        A template it refuses fails the launch before any Job exists, with the apiserver's words."""
+        resource = kubernetes.client.ResourceV1Api(client_without_retries())
+        created: list[str] = []
+        for claim in plan.claims:
+            body = claim_template(claim["name"], claim["spec"], {"dagster/run-id": run.run_id})
+            try:
+                call(resource.create_namespaced_resource_claim_template, namespace, body)
+            except API_ERRORS as err:
+                self._delete_claim_templates(created, namespace)
+                raise api_error(
+                    err, f"create the DRA claim template {claim['name']}", f"the Kubernetes API at {k8s_api_host(self)} "
+                    f"(namespace {namespace!r})", when_unavailable="No Job was created; re-execute the run once the "
+                    "API answers.", when_rejected="No Job was created: fix the GPU class's dra section (the "
+                    "apiserver's words are above) and launch the run again.") from err
+            created.append(claim["name"])
+        return created
+
+    def _own_claim_templates(self, run: DagsterRun, names: list[str], namespace: str) -> None:
+        """Make the run's claim templates owned by its Job, so Kubernetes deletes them with it."""
+        if not names:
+            return
+        batch = kubernetes.client.BatchV1Api(client_without_retries())
+        resource = kubernetes.client.ResourceV1Api(client_without_retries())
+        job = call(batch.read_namespaced_job, get_job_name_from_run_id(run.run_id), namespace)
+        for name in names:
+            call(resource.patch_namespaced_resource_claim_template, name, namespace, owned_by(job))
+        self.instance.report_engine_event(
+            f"Created {len(names)} DRA claim template(s), owned by the run's Job: {', '.join(names)}", run,
+            EngineEventData({"Claim templates": ", ".join(names), "Namespace": namespace}), cls=self.__class__)
+
+    def _delete_claim_templates(self, names: list[str], namespace: str) -> None:
+        resource = kubernetes.client.ResourceV1Api(client_without_retries())
+        for name in names:
+            try:
+                call(resource.delete_namespaced_resource_claim_template, name, namespace)
+            except API_ERRORS:
+                pass  # nothing names it: a leftover template holds no device
 
     def _report_placement(self, run: DagsterRun, plan: RunPlan) -> None:
         """Tags and an event on the run saying where its GPU work goes, before its Job exists."""
@@ -144,7 +192,7 @@ class GpuK8sRunLauncher(HoldsInstance, K8sRunLauncher):
                 "GPU class": placement.request,
                 "GPU model": either(c.gpu_model for c in placement.accepted),
                 "GPU count": placement.gpu_count,
-                "Resource": gpu_class.resource_name,
+                "Resource": gpu_class.requested_as,
                 "Node selector": either(", ".join(f"{k}={v}" for k, v in sorted(c.node_selector.items()))
                                         for c in placement.accepted),
                 "Tolerations": ", ".join(sorted({f"{t.key}:{t.effect}" for c in placement.accepted

@@ -28,6 +28,7 @@ transient errors), so a frozen API server ends a tick with that reason; the next
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -46,8 +47,10 @@ from ...errors import GpuClassError
 from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
                     RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
 from .. import kueue
-from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, kueue_verdict,
-                       pod_verdict, queue_positions)
+from ...device_cel import DeviceCount
+from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, dra_gpus,
+                       kueue_verdict, pod_verdict, queue_positions)
+from ..claims import class_got
 from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
 from ..history import report_estimates
 from .client import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
@@ -87,8 +90,9 @@ class TickReport:
         elif decision.state is CapacityState.SCHEDULED:
             stats.running += 1
 
-    def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any], pods: list[Any]) -> list[ClassGauges]:
-        """Every class's gauges: its GPUs from its nodes, use and pods not placed from the GPU pods
+    def gauges(self, classes: Mapping[str, GpuClass], nodes: list[Any], pods: list[Any],
+               dra: Mapping[str, DeviceCount] | None = None) -> list[ClassGauges]:
+        """Every class's gauges: its GPUs from its nodes (a DRA class's from its ResourceSlices), use and pods not placed from the GPU pods
         the tick read, runs waiting and the longest wait from its decisions; and a line of its own
         for each choice of classes with pods or runs waiting (their GPUs together), as embedded."""
         counts = pod_counts(pods)
@@ -96,7 +100,7 @@ class TickReport:
         for name in {*counts, *self.classes} - set(classes):
             if len(accepted := accept(name, None, classes, lenient=True)) > 1:
                 lines[name] = accepted
-        return [ClassGauges(name, "gpu", sum(class_gpus(c, nodes) for c in accepted), counts.get(name, (0, 0))[0],
+        return [ClassGauges(name, "gpu", sum(class_gpus(c, nodes, dra) for c in accepted), counts.get(name, (0, 0))[0],
                             counts.get(name, (0, 0))[1], len(self.classes[name].waiting_runs),
                             self.classes[name].longest_wait_seconds)
                 for name, accepted in sorted(lines.items())]
@@ -156,6 +160,17 @@ class _Seen:
     events: Mapping[str, list[Any]]  # scheduling events by pod name
     nodes: list[Any]
     workloads: Mapping[tuple[str, str], kueue.WorkloadStatus]
+    dra: Mapping[str, DeviceCount] = field(default_factory=dict)  # a DRA class's GPUs per node, by class name
+
+    def dra_for(self, accepted: tuple[GpuClass, ...]) -> DeviceCount | None:
+        """The GPUs per node of DRA classes accepted together (each node's most of any one class:
+        the claim gets its devices from one of them); None for extended-resource classes."""
+        if accepted[0].dra is None:
+            return None
+        counts = [self.dra.get(c.name, DeviceCount()) for c in accepted]
+        nodes = {node for count in counts for node in count.by_node}
+        return DeviceCount({node: max(c.by_node.get(node, 0) for c in counts) for node in nodes},
+                           sum(c.unsure for c in counts))
 
 
 @dataclass
@@ -185,6 +200,7 @@ class CapacityWatcher:
         self._deadline: float | None = None  # when the current tick's time on the API ends (time.monotonic())
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
+        self._resource: Any = None  # DeviceClasses, ResourceSlices and claims: only when some class is a DRA class
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
@@ -227,9 +243,9 @@ class CapacityWatcher:
             if gpu_class is not None:
                 report.count(gpu_class, decision, run)
             self._apply(run, decision, job, report)
-        self._estimate(lines, seen.nodes, report, now)
+        self._estimate(lines, seen, report, now)
         self._note_classes_got(seen)
-        report.stored = report.gauges(self.classes, seen.nodes, seen.pods)
+        report.stored = report.gauges(self.classes, seen.nodes, seen.pods, seen.dra)
         store_gauges(self.instance, report.stored, now)
         self._delete_orphans(seen.jobs, report)
         release_ended_runs(self.instance)
@@ -247,7 +263,25 @@ class CapacityWatcher:
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
         nodes = self._call(self.core.list_node).items if starting or per_step or _placed_choices(pods) else []
         workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
-        return _Seen(pods, jobs, starting, per_step, events, nodes, workloads)
+        return _Seen(pods, jobs, starting, per_step, events, nodes, workloads, self._dra(nodes) if nodes else {})
+
+    @property
+    def resource(self) -> Any:
+        """The resource.k8s.io API, on the core API's client (made when a DRA class first needs it)."""
+        if self._resource is None:
+            self._resource = kubernetes.client.ResourceV1Api(self.core.api_client)
+        return self._resource
+
+    def _dra(self, nodes: list[Any]) -> dict[str, DeviceCount]:
+        """Each DRA class's GPUs per node, from the DeviceClasses and ResourceSlices (two list calls)."""
+        dra_classes = [c for c in self.classes.values() if c.dra is not None]
+        if not dra_classes:
+            return {}
+        device_classes = {d.metadata.name: d for d in list_views(self.resource.list_device_class, request_timeout=self.request_timeout,
+                                                                 deadline=self._deadline)}
+        slices = list_views(self.resource.list_resource_slice, request_timeout=self.request_timeout,
+                            deadline=self._deadline)
+        return {c.name: dra_gpus(c, device_classes.get(c.dra.device_class), slices, nodes) for c in dra_classes}
 
     def _lines(self, seen: _Seen, now: float) -> _Lines:
         """Each starting run's standing: its pod's verdict, or its Workload waiting in Kueue, or
@@ -276,7 +310,7 @@ class CapacityWatcher:
                 continue
             count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
             verdict = pod_verdict(pod, seen.events.get(_name(pod), []), gpu_class, count,
-                                  self._pool(accepted, seen.nodes))
+                                  self._pool(accepted, seen.nodes), seen.dra_for(accepted))
             lines.verdicts[run.run_id] = (run, gpu_class, count, verdict, _job_of(pod))
         lines.positions = queue_positions({
             run_id: (gpu_class.name, waiting_since(run.tags, now))
@@ -317,7 +351,7 @@ class CapacityWatcher:
                               kueue_state=workload.state), (_name(job), job.metadata.namespace), gpu_class.name
         yield from self._step_pods(seen, now)
 
-    def _estimate(self, lines: _Lines, nodes: list[Any], report: TickReport, now: float) -> None:
+    def _estimate(self, lines: _Lines, seen: _Seen, report: TickReport, now: float) -> None:
         """A wait estimate on every waiting run, from its line on the class and the class's GPUs (nodes x GPUs)."""
         waiting: dict[str, list[tuple[int, Any]]] = defaultdict(list)
         for run_id, (run, gpu_class, _, verdict, _) in lines.verdicts.items():
@@ -327,7 +361,8 @@ class CapacityWatcher:
             waiting[gpu_class.name].append((lines.kueue_positions.get(workload.name, (10**9, 0))[0], run))
         if not waiting:
             return
-        capacities = {name: sum(class_gpus(c, nodes) for c in accept(name, None, self.classes, lenient=True)) for name in waiting}
+        capacities = {name: sum(class_gpus(c, seen.nodes, seen.dra) for c in accept(name, None, self.classes, lenient=True))
+                      for name in waiting}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
         for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
             report.classes[name].estimate_last = estimate.text
@@ -359,7 +394,7 @@ class CapacityWatcher:
                                        kueue_verdict(workload)))
                     continue
                 verdict = pod_verdict(obj, seen.events.get(_name(obj), []), gpu_class, count,
-                                      self._pool(accepted, seen.nodes))
+                                      self._pool(accepted, seen.nodes), seen.dra_for(accepted))
                 judged.append((_step_of(obj), _job_of(obj), gpu_class, count, verdict))
             if not judged:
                 continue
@@ -375,8 +410,11 @@ class CapacityWatcher:
         nodes = {_name(node): node for node in seen.nodes}
         for pod in _placed_choices(seen.pods):
             accepted, run_id = accept(pod.metadata.annotations[CLASSES_ANNOTATION], None, self.classes, lenient=True), _run_id(pod)
+            if not accepted:
+                continue
             node = nodes.get(pod.spec.node_name)
-            got = next((c for c in accepted if node is not None and class_nodes(c, [node])), None)
+            got = (self._claim_got(pod, accepted) if accepted[0].claims_devices else
+                   next((c for c in accepted if node is not None and class_nodes(c, [node])), None))
             run = self.instance.get_run_by_id(run_id) if run_id else None
             if got is None or run is None:
                 continue
@@ -391,6 +429,16 @@ class CapacityWatcher:
             self._call(self.core.patch_namespaced_pod, _name(pod), pod.metadata.namespace,
                        {"metadata": {"annotations": {GOT_CLASS_ANNOTATION: got.name}}})
             pod.metadata.annotations[GOT_CLASS_ANNOTATION] = got.name  # as written: this tick's gauges count it
+
+    def _claim_got(self, pod: Any, accepted: tuple[GpuClass, ...]) -> GpuClass | None:
+        """The class whose `firstAvailable` subrequest the allocator gave the pod's claim."""
+        statuses = pod.status.resource_claim_statuses or []
+        name = next((s.resource_claim_name for s in statuses if s.resource_claim_name), None)
+        if name is None:
+            return None
+        answer = self._call(self.resource.read_namespaced_resource_claim, name, pod.metadata.namespace,
+                            _preload_content=False)
+        return class_got(json.loads(answer.data), accepted)
 
     def _workloads(self) -> dict[tuple[str, str], kueue.WorkloadStatus]:
         """Kueue's Workloads by (namespace, Job name): two list calls per tick, whatever the number of runs."""
