@@ -75,6 +75,11 @@ def accept(request: str | Sequence[str], count: int | None, classes: Mapping[str
                                              "through an extended resource; accept DRA classes together (one claim "
                                              "whose firstAvailable tries them in order) or extended-resource classes "
                                              "together (one resource, any of their pools)")
+    if len(accepted) > 1 and accepted[0].claims_devices and accepted[0].kueue is not None:
+        raise ClassRequestError("gpu_class", f"classes {', '.join(repr(c.name) for c in accepted)} claim DRA devices in "
+                                             "Kueue mode: their claim would try them in order (firstAvailable), which "
+                                             "Kueue (v0.19) does not admit; accept one such class, or use the classes "
+                                             "outside Kueue mode")
     if len({c.kueue is None for c in accepted}) > 1:
         raise ClassRequestError("gpu_class", f"of the classes accepted together, "
                                              f"{', '.join(repr(c.name) for c in accepted if c.kueue)} are in Kueue mode "

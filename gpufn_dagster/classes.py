@@ -188,6 +188,15 @@ class KueueQueue(_Strict):
     local_queue: str
     priority_class: str | None = None
     priority_classes: dict[int, str] = Field(default_factory=dict)
+    # A DRA class's: the quota resource Kueue's `deviceClassMappings` counts its DeviceClass's devices as.
+    device_resource: str | None = None
+
+    @field_validator("device_resource")
+    @classmethod
+    def _device_resource(cls, value: str | None) -> str | None:
+        if value is not None and (problem := qualified_name_problem(value)):
+            raise ValueError(f"{value!r} is not a name Kueue's deviceClassMappings can give a quota resource: {problem}")
+        return value
 
     @field_validator("local_queue", "priority_class")
     @classmethod
@@ -324,12 +333,14 @@ class GpuClass(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _kueue_counts_resources(self) -> GpuClass:
-        if self.kueue is not None and self.claims_devices:
-            raise ValueError("kueue and a DRA claim (dra without extended_resource) together are not supported: "
-                             "gpufn's Kueue mode gives each ClusterQueue quota of the class's resource_name, which a "
-                             "claim does not request; use dra.extended_resource: true (the DeviceClass's "
-                             "extendedResourceName, which Kueue counts as that resource) or leave kueue out")
+    def _kueue_counts_devices(self) -> GpuClass:
+        if self.kueue is not None and self.claims_devices and self.kueue.device_resource is None:
+            raise ValueError("kueue.device_resource is needed with a DRA claim: the quota resource that Kueue's "
+                             "deviceClassMappings (in Kueue's Configuration) names this class's DeviceClass "
+                             f"{self.dra.device_class!r} as -- its ClusterQueue gets quota of that resource, in devices")
+        if self.kueue is not None and self.kueue.device_resource is not None and not self.claims_devices:
+            raise ValueError("kueue.device_resource is for a class that claims DRA devices (dra without "
+                             "extended_resource); Kueue counts this class's resource_name")
         return self
 
     @property

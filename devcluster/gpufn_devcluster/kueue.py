@@ -82,6 +82,8 @@ class Kueue:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpufn-kueue-")))
     processes: dict = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    # DRA: quota resource -> the DeviceClasses whose devices Kueue counts as it (Kueue's deviceClassMappings).
+    device_class_mappings: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def config_dir(self) -> Path:
@@ -128,6 +130,9 @@ class Kueue:
             "internalCertManagement": {"enable": True, "webhookServiceName": SERVICE, "webhookSecretName": SECRET},
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["batch/job"]},
+            **({"resources": {"deviceClassMappings": [
+                {"name": name, "deviceClassNames": classes} for name, classes in self.device_class_mappings.items()]}}
+               if self.device_class_mappings else {}),
         }))
         log = self.workdir / "kueue.log"
         self.processes["kueue"] = spawn(self.bin_dir / "kueue", [

@@ -85,11 +85,21 @@ def choice_local_queue(accepted: tuple[GpuClass, ...]) -> str:
     return "gpufn-choice-" + hashlib.sha256("|".join(c.name for c in accepted).encode()).hexdigest()[:16]
 
 
+def quota_resource(gpu_class: GpuClass) -> tuple[str, int]:
+    """The resource Kueue counts a class's GPUs as, and how many of it one GPU is: the class's
+    resource, or for a DRA claim the `device_resource` Kueue's deviceClassMappings name its devices."""
+    if gpu_class.claims_devices and gpu_class.kueue is not None and gpu_class.kueue.device_resource:
+        assert gpu_class.dra is not None
+        return gpu_class.kueue.device_resource, gpu_class.dra.count_per_gpu
+    return gpu_class.resource_name, 1
+
+
 def _quota(gpu_class: GpuClass, count: int) -> list[dict[str, Any]]:
     """A flavor's quota of `count` GPUs of the class, and the CPU and memory of that many workers."""
+    resource, per_gpu = quota_resource(gpu_class)
     return [{"name": "cpu", "nominalQuota": _times(gpu_class.cpu or "1", count)},
             {"name": "memory", "nominalQuota": _times(gpu_class.memory or "4Gi", count)},
-            {"name": gpu_class.resource_name, "nominalQuota": str(count)}]
+            {"name": resource, "nominalQuota": str(count * per_gpu)}]
 
 
 def kueue_manifests(classes: Iterable[GpuClass], gpus: Mapping[str, int], namespace: str,

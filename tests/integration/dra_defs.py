@@ -27,6 +27,13 @@ def embed_any(text: str) -> list:
     return []
 
 
+@gpu_function(table="frames", column="emb_queued", output_type=pa.list_(pa.float32()), gpu_class="dra-queued",
+              gpu_count=2)
+def embed_queued(text: str) -> list:
+    """Two H100 devices of a class that Kueue admits (when its class file puts it in Kueue mode)."""
+    return []
+
+
 @gpu_function(table="frames", column="emb_wide", output_type=pa.list_(pa.float32()), gpu_class="dra-h100", workers=2)
 def embed_wide(text: str) -> list:
     """A refresh spread over 2 workers of one H100 device each: one shard pod (and claim) each."""
@@ -35,5 +42,5 @@ def embed_wide(text: str) -> list:
 
 fanned = dg.define_asset_job("fanned", selection=["frames__emb_wide"], executor_def=gpu_classes_executor)
 
-defs = dg.Definitions(assets=[frames, embed_h100, embed_any, embed_wide], jobs=[fanned],
+defs = dg.Definitions(assets=[frames, embed_h100, embed_any, embed_queued, embed_wide], jobs=[fanned],
                       resources={"lancedb": LanceDBResource(uri="/nonexistent")})

@@ -9,6 +9,7 @@ request no node's devices can meet never fits; a selector the apiserver refuses 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from dagster._core.test_utils import instance_for_test
 from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
+from gpufn_dagster.run.kueue import kueue_manifests
 from gpufn_dagster.tags import CAPACITY_TAG, GOT_CLASS_TAG, GPU_CLASS_TAG
+from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
 from gpufn_devcluster.nodes import device_class, gpu_devices, gpu_nodes, resource_slice
 
 from ..conftest import REPO, wait_for
@@ -71,7 +74,7 @@ def dra_pools(cluster) -> Iterator[None]:
 @pytest.fixture
 def dra_classes(classes_dir, dra_pools, monkeypatch) -> Path:
     """The shipped classes plus two DRA classes on the DRA nodes, as the code location loads them too."""
-    for name, product in (("dra-h100", H100), ("dra-a100", A100)):
+    for name, product in (("dra-h100", H100), ("dra-a100", A100), ("dra-queued", H100)):
         (classes_dir / f"{name}.yaml").write_text(yaml.safe_dump(class_file(name, product)))
     monkeypatch.setenv("GPUFN_CLASSES_DIR", str(classes_dir))
     return classes_dir
@@ -261,3 +264,66 @@ def test_the_shipped_rbac_lets_dagsters_service_account_make_every_dra_call(clus
                 rbac.delete_cluster_role(document["metadata"]["name"])
             elif document["kind"] == "ClusterRoleBinding":
                 rbac.delete_cluster_role_binding(document["metadata"]["name"])
+
+
+QUOTA = "example.com/gpu"  # what Kueue's deviceClassMappings count the driver's devices as
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster, dra_pools) -> Iterator[Kueue]:
+    from gpufn_devcluster.cluster import binaries_dir
+
+    with Kueue(binaries_dir(), cluster, device_class_mappings={QUOTA: [DRIVER]}) as running:
+        yield running
+
+
+def test_kueue_admits_a_dra_class_by_its_device_quota_and_the_next_run_waits_with_kueues_words(
+        cluster, core, namespace, kueue, dra_classes, instance):
+    spec = {**class_file("dra-queued", H100), "kueue": {"local_queue": "gpu-dra", "device_resource": QUOTA}}
+    (dra_classes / "dra-queued.yaml").write_text(yaml.safe_dump(spec))
+    classes = load_gpu_classes(dra_classes)
+    core.patch_namespace(namespace, {"metadata": {"labels": {KUEUE_NAMESPACE_LABEL: "true"}}})
+    queue = f"gpufn-dra-{uuid.uuid4().hex[:6]}"
+    objects = kueue_manifests([classes["dra-queued"]], {"dra-queued": 2}, namespace)  # 2 GPUs: 2 x count_per_gpu devices
+    for body in objects:
+        if body["kind"] == "ClusterQueue":
+            body["metadata"]["name"] = body["spec"]["cohortName"] = queue
+            (group,) = body["spec"]["resourceGroups"]
+            assert {"name": QUOTA, "nominalQuota": "2"} in group["flavors"][0]["resources"]
+        elif body["kind"] == "LocalQueue":
+            body["spec"]["clusterQueue"] = queue
+        try:
+            apply_objects(cluster, [body])
+        except kubernetes.client.ApiException as err:
+            if err.status != 409:  # the flavor is cluster-wide
+                raise
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
+    watcher = CapacityWatcher(instance, core, kubernetes.client.BatchV1Api(cluster.api_client()), classes, namespace)
+
+    def quota_reserved(run_id: str, status: str):
+        items = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")["items"]
+        workload = next((w for w in items if any(o["name"] == f"dagster-run-{run_id}"
+                                                 for o in w["metadata"].get("ownerReferences", []))), None)
+        return next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
+                     if c["type"] == "QuotaReserved" and c["status"] == status), None)
+
+    try:
+        first = materialize(instance, "frames__emb_queued", defs=DEFS)
+        wait_for(lambda: quota_reserved(first, "True"), timeout=60, what="Kueue admits the first run")
+        assert placed(core, namespace, first).spec.node_name == "dra-0"  # its claim's devices, where they are
+        second = materialize(instance, "frames__emb_queued", defs=DEFS)
+        said = wait_for(lambda: quota_reserved(second, "False"), timeout=60, what="Kueue holds the second run")
+        assert f"insufficient unused quota for {QUOTA} in flavor dra-queued" in said["message"], said  # devices counted
+        watcher.tick()
+        run = instance.get_run_by_id(second)
+        assert run.status == DagsterRunStatus.STARTING and run.tags[CAPACITY_TAG] == "waiting"
+        assert not core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={second}").items
+        wait = next(m for m in event_metadata(instance, second) if "Position" in m)
+        assert (wait["ClusterQueue"], wait["GPU class"]) == (queue, "dra-queued") and said["message"] in wait["Kueue message"]
+        instance.run_launcher.terminate(first)  # its Job goes, and with it the quota (and the claim) it held
+        wait_for(lambda: quota_reserved(second, "True"), timeout=90, what="Kueue admits the second run")
+        assert placed(core, namespace, second).spec.node_name == "dra-0"
+        watcher.tick()
+        assert instance.get_run_by_id(second).tags[CAPACITY_TAG] == "scheduled"
+    finally:
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", queue)

@@ -21,6 +21,7 @@ from gpufn_dagster.device_cel import matching_devices
 from gpufn_dagster.errors import ClassRequestError, PlacementError
 from gpufn_dagster.run.capacity import could_ever_fit, dra_gpus, pod_verdict
 from gpufn_dagster.run.claims import claim_template_name
+from gpufn_dagster.run.kueue import kueue_manifests
 from gpufn_dagster.run.placement import Placement, PodPlacement, check_no_extra_gpus, enforce_placement
 from gpufn_dagster.tags import CapacityState
 from gpufn_devcluster.nodes import device_class, gpu_devices, gpu_nodes, resource_slice
@@ -65,11 +66,19 @@ def test_a_bad_dra_section_is_refused_naming_file_class_and_field(classes_dir, d
     assert words in str(err.value)
 
 
-def test_kueue_mode_with_a_dra_claim_is_refused_with_the_reason(classes_dir):
-    path = write(classes_dir, {**dra_class(), "kueue": {"local_queue": "gpu"}})
-    with pytest.raises(GpuClassError, match="kueue and a DRA claim") as err:
+def test_kueue_mode_with_a_dra_claim_names_the_quota_resource_kueue_counts_its_devices_as(classes_dir):
+    path = write(classes_dir, {**dra_class(count_per_gpu=2), "kueue": {"local_queue": "gpu"}})
+    with pytest.raises(GpuClassError, match="kueue.device_resource is needed with a DRA claim") as err:
         load_gpu_classes(classes_dir)
     assert f"{path}: class 'h100-dra'" in str(err.value)
+    write(classes_dir, {**dra_class(count_per_gpu=2), "kueue": {"local_queue": "gpu", "device_resource": "example.com/gpu"}})
+    h100 = load_gpu_classes(classes_dir)["h100-dra"]
+    (queue,) = [m for m in kueue_manifests([h100], {"h100-dra": 3}, "dagster") if m["kind"] == "ClusterQueue"]
+    resources = queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    assert {"name": "example.com/gpu", "nominalQuota": "6"} in resources  # 3 GPUs of 2 devices each
+    a100 = h100.model_copy(update={"name": "a100-dra"})
+    with pytest.raises(ClassRequestError, match="firstAvailable"):
+        accept(["h100-dra", "a100-dra"], 1, {"h100-dra": h100, "a100-dra": a100})
 
 
 def test_a_dra_class_is_listed_by_python_the_cli_and_http(classes_dir):
