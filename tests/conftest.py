@@ -71,38 +71,46 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     A cold build takes minutes (half an hour on a busy 2-core machine); done here it is outside
     every per-test timeout, and its progress is printed as it goes.
     """
-    from gpufn_devcluster.cluster import BIN_DIR_ENV
+    from gpufn_devcluster.cluster import BIN_DIR_ENV, DRA_BIN_ENV
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
-    if any(item.path.name in ("test_real_node.py", "test_deployment.py", "test_ui_capacity.py",
+    if any(item.path.name in ("test_real_node.py", "test_dra_k8s.py", "test_deployment.py", "test_ui_capacity.py",
                               "test_ui_materialize_all.py", "test_bench_smoke.py")
            or item.get_closest_marker("postgres") for item in session.items):
         _install_debian_packages(say)
-    if os.environ.get(BIN_DIR_ENV) or not any(item.get_closest_marker("k8s") or item.get_closest_marker("s3")
-                                              for item in session.items):
+    if not any(item.get_closest_marker("k8s") or item.get_closest_marker("s3") for item in session.items):
         return
-    say(f"control plane: running {BUILD_SCRIPT.relative_to(REPO)} (a no-op when its cache is warm)")
+    _build(BUILD_SCRIPT, BIN_DIR_ENV, "control plane", say)
+    if any(item.path.name == "test_dra_k8s.py" for item in session.items):  # its real node's DRA driver
+        _build(REPO / "tools" / "dra" / "build.sh", DRA_BIN_ENV, "DRA driver", say)
+
+
+def _build(script: Path, env: str, what: str, say: Callable[[str], object]) -> None:
+    """Run a build script of tools/ (printing its progress), and put the directory it prints in $`env`."""
+    if os.environ.get(env):
+        return
+    say(f"{what}: running {script.relative_to(REPO)} (a no-op when its cache is warm)")
     started = time.monotonic()
-    process = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     done = threading.Event()
 
     def heartbeat() -> None:
         while not done.wait(60):
-            say(f"control plane: still building after {time.monotonic() - started:.0f} s")
+            say(f"{what}: still building after {time.monotonic() - started:.0f} s")
 
     threading.Thread(target=heartbeat, daemon=True).start()
     for line in process.stdout:
         lines.append(line.rstrip())
         if not line.startswith("go: downloading"):
-            say(f"control plane: {line.rstrip()}")
+            say(f"{what}: {line.rstrip()}")
     done.set()
     if process.wait() != 0:
-        pytest.exit(f"{BUILD_SCRIPT} failed ({process.returncode}) after {time.monotonic() - started:.0f} s:\n"
+        pytest.exit(f"{script} failed ({process.returncode}) after {time.monotonic() - started:.0f} s:\n"
                     + "\n".join(lines[-40:]), returncode=1)
-    os.environ[BIN_DIR_ENV] = lines[-1]
-    say(f"control plane: binaries in {lines[-1]} ({time.monotonic() - started:.0f} s)")
+    os.environ[env] = lines[-1]
+    say(f"{what}: binaries in {lines[-1]} ({time.monotonic() - started:.0f} s)")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -33,19 +33,31 @@ REPO = Path(__file__).resolve().parents[2]  # devcluster/gpufn_devcluster/cluste
 BUILD_SCRIPT = REPO / "tools" / "k8s" / "build.sh"
 STAGES = Path(__file__).with_name("stages.yaml")
 BIN_DIR_ENV = "GPUFN_K8S_BIN"
+DRA_BIN_ENV = "GPUFN_DRA_BIN"
+
+
+def _built(script: Path, env: str) -> Path:
+    """The directory `script` builds (or finds cached) and prints last; $`env` names one instead."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    if not script.is_file():
+        raise ClusterError(f"{script} not found: the test binaries are built from a checkout of gpufn-dagster; "
+                           f"run from one, or point ${env} at prebuilt binaries")
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ClusterError(f"{script} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def binaries_dir() -> Path:
     """The directory with the control-plane binaries: $GPUFN_K8S_BIN, else build (or reuse) them."""
-    if os.environ.get(BIN_DIR_ENV):
-        return Path(os.environ[BIN_DIR_ENV])
-    if not BUILD_SCRIPT.is_file():
-        raise ClusterError(f"{BUILD_SCRIPT} not found: the control plane is built from a checkout of gpufn-dagster; "
-                           f"run from one, or point ${BIN_DIR_ENV} at prebuilt binaries")
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ClusterError(f"{BUILD_SCRIPT} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return _built(BUILD_SCRIPT, BIN_DIR_ENV)
+
+
+def dra_binaries_dir() -> Path:
+    """The directory with the real node's DRA binaries (containerd 1.7, the suite's DRA driver):
+    $GPUFN_DRA_BIN, else build (or reuse) them with tools/dra/build.sh."""
+    return _built(REPO / "tools" / "dra" / "build.sh", DRA_BIN_ENV)
 
 
 @dataclass

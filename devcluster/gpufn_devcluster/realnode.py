@@ -122,11 +122,24 @@ def oci_archive(files: dict[str, bytes], name: str, entrypoint: list[str]) -> by
     return out.getvalue()
 
 
+@dataclass(frozen=True)
+class DraDriver:
+    """The suite's DRA driver on a real node (`tools/dra/draplugin`, its kubelet plugin, from
+    `dra_binaries_dir`): it publishes the node's `gpus` fake GPUs of `product` in a ResourceSlice,
+    and gives a container each device of its claim as `GPU_DEVICE_<index>=<device>` through CDI,
+    which the node's containerd (1.7, built beside it: Debian's 1.6 has no CDI) applies."""
+
+    bin_dir: Path
+    name: str = "gpu.example.com"
+    product: str = "NVIDIA H100 80GB HBM3"
+
+
 @dataclass
 class RealNode:
     """A kubelet + containerd node named `name`, joined to `cluster` as a node of `gpu_class`
-    (its labels, its taint, `gpus` of its GPU resource), or with `gpu_class=None` as a CPU node
-    (pool `cpu`, no taint, no GPU): several run side by side on one machine."""
+    (its labels, its taint, `gpus` of its GPU resource -- or, with `dra`, `gpus` devices its DRA
+    driver publishes), or with `gpu_class=None` as a CPU node (pool `cpu`, no taint, no GPU):
+    several run side by side on one machine."""
 
     bin_dir: Path
     cluster: DevCluster
@@ -135,6 +148,7 @@ class RealNode:
     name: str = "real-0"
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpufn-node-")))
     processes: dict = field(default_factory=dict)
+    dra: DraDriver | None = None
 
     @property
     def socket(self) -> Path:
@@ -161,10 +175,29 @@ class RealNode:
         wait_ready(f"kubelet (node {self.name} Ready)", kubelet, lambda: self._ready(core), log, timeout, poll=0.5)
         if self.gpu_class is None:
             return
+        if self.dra is not None:
+            self._dra_plugin(timeout)
+            return
         core.patch_node_status(self.name, {"status": {"capacity": {self.gpu_class.resource_name: str(self.gpus)}}})
         wait_ready(f"node {self.name} showing {self.gpus} {self.gpu_class.resource_name}", kubelet,
                    lambda: (core.read_node(self.name).status.allocatable or {}).get(self.gpu_class.resource_name)
                    == str(self.gpus), log, timeout, poll=0.5)
+
+    def _dra_plugin(self, timeout: float) -> None:
+        """Start the DRA driver's kubelet plugin; return once its ResourceSlice is published."""
+        import kubernetes
+
+        assert self.dra is not None
+        kubelet_dir = self.workdir / "kubelet"
+        log = self.workdir / "draplugin.log"
+        self.processes["draplugin"] = spawn(self.dra.bin_dir / "draplugin", [
+            f"--driver={self.dra.name}", f"--node={self.name}", f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--registry={kubelet_dir / 'plugins_registry'}", f"--data={kubelet_dir / 'plugins' / self.dra.name}",
+            f"--cdi={self.workdir / 'cdi'}", f"--gpus={self.gpus}", f"--product={self.dra.product}"], log, self.workdir)
+        resource = kubernetes.client.ResourceV1Api(self.cluster.api_client())
+        wait_ready(f"the DRA driver's ResourceSlice of node {self.name}", self.processes["draplugin"],
+                   lambda: any(s.spec.node_name == self.name for s in resource.list_resource_slice().items), log,
+                   timeout, poll=0.5)
 
     def why_failed(self, pod: str, namespace: str) -> str:
         """Why `pod` failed, for a test's message: each container's state as the kubelet reports it
@@ -215,14 +248,19 @@ state = "{self.workdir}/containerd/state"
     bin_dir = "{CNI_BIN}"
     conf_dir = "{self.workdir}/cni"
 """)
-        self.processes["containerd"] = spawn(Path(shutil.which("containerd") or "containerd"),
-                                             ["--config", str(config)], self.workdir / "containerd.log", self.workdir)
+        if self.dra is not None:  # CDI: the devices of a pod's claim reach its containers
+            config.write_text(config.read_text().replace(
+                '  restrict_oom_score_adj = true\n',
+                f'  restrict_oom_score_adj = true\n  enable_cdi = true\n  cdi_spec_dirs = ["{self.workdir / "cdi"}"]\n'))
+        binary = self.dra.bin_dir / "containerd" if self.dra is not None else Path(shutil.which("containerd") or "containerd")
+        self.processes["containerd"] = spawn(binary, ["--config", str(config)], self.workdir / "containerd.log",
+                                             self.workdir)
         wait_ready("containerd", self.processes["containerd"], self.socket.exists, self.workdir / "containerd.log",
                    timeout)
 
     def _kubelet(self) -> None:
         tolerations = self.gpu_class.tolerations if self.gpu_class else []
-        taints = "".join(f"\n  - {{key: {t.key}, value: {t.value or ''}, effect: {t.effect}}}"
+        taints = "".join(f"\n  - {{key: {t.key}, value: {json.dumps(t.value or '')}, effect: {t.effect}}}"
                          for t in tolerations if t.key and t.operator == "Equal")
         config = self.workdir / "kubelet.yaml"
         config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1

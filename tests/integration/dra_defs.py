@@ -40,7 +40,15 @@ def embed_wide(text: str) -> list:
     return []
 
 
+@gpu_function(table="frames", column="emb_real", output_type=pa.list_(pa.float32()), gpu_class="dra-real", workers=2)
+def embed_real(text: str) -> list:
+    """A refresh spread over 2 workers, each one device of the real node's DRA driver."""
+    return []
+
+
+fanned_real = dg.define_asset_job("fanned_real", selection=["frames__emb_real"], executor_def=gpu_classes_executor)
 fanned = dg.define_asset_job("fanned", selection=["frames__emb_wide"], executor_def=gpu_classes_executor)
 
-defs = dg.Definitions(assets=[frames, embed_h100, embed_any, embed_queued, embed_wide], jobs=[fanned],
+defs = dg.Definitions(assets=[frames, embed_h100, embed_any, embed_queued, embed_wide, embed_real],
+                      jobs=[fanned, fanned_real],
                       resources={"lancedb": LanceDBResource(uri="/nonexistent")})

@@ -24,8 +24,10 @@ from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.run.kueue import kueue_manifests
 from gpufn_dagster.tags import CAPACITY_TAG, GOT_CLASS_TAG, GPU_CLASS_TAG
+from gpufn_devcluster.cluster import binaries_dir, dra_binaries_dir
 from gpufn_devcluster.kueue import KUEUE_NAMESPACE_LABEL, Kueue, apply_objects
 from gpufn_devcluster.nodes import device_class, gpu_devices, gpu_nodes, resource_slice
+from gpufn_devcluster.realnode import REAL_NODE_LABEL, WORKER_IMAGE, DraDriver, RealNode, host_mounts, missing_runtime
 
 from ..conftest import REPO, wait_for
 from ..helpers import (class_gauges, event_metadata, launcher_config, materialize, run_pod, shard_step_pods,
@@ -40,6 +42,11 @@ TAINT = {"key": "gpufn.dev/dra", "operator": "Exists", "effect": "NoSchedule"}
 # The nodes' pool: every DRA node carries its label and taint (so no other test's pod lands there).
 POOL = GpuClass(name="dra", gpu_model="mixed", gpu_memory="80GiB", max_gpu_count_per_worker=2,
                 node_selector={"gpufn.dev/dra": "true"}, tolerations=[TAINT], dra={"device_class": DRIVER})
+# The real node's pool: its own label and taint, so no KWOK-node test's pod lands there.
+REAL_CLASS = {"name": "dra-real", "gpu_model": H100, "gpu_memory": "80GiB", "max_gpu_count_per_worker": 2,
+              "cpu": "100m", "memory": "256Mi", "node_selector": {"gpufn.dev/real-dra": "true"},
+              "tolerations": [{"key": "gpufn.dev/real-dra", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+              "dra": {"device_class": DRIVER, "selectors": [f'device.attributes["{DRIVER}"].productName == "{H100}"']}}
 DEVICES = {"dra-0": [(H100, 2)], "dra-1": [(A100, 2)], "dra-2": [(A10, 2)], "dra-3": [(H100, 1), (A10, 1)]}
 
 
@@ -76,6 +83,7 @@ def dra_classes(classes_dir, dra_pools, monkeypatch) -> Path:
     """The shipped classes plus two DRA classes on the DRA nodes, as the code location loads them too."""
     for name, product in (("dra-h100", H100), ("dra-a100", A100), ("dra-queued", H100)):
         (classes_dir / f"{name}.yaml").write_text(yaml.safe_dump(class_file(name, product)))
+    (classes_dir / "dra-real.yaml").write_text(yaml.safe_dump(REAL_CLASS))
     monkeypatch.setenv("GPUFN_CLASSES_DIR", str(classes_dir))
     return classes_dir
 
@@ -271,8 +279,6 @@ QUOTA = "example.com/gpu"  # what Kueue's deviceClassMappings count the driver's
 
 @pytest.fixture(scope="module")
 def kueue(cluster, dra_pools) -> Iterator[Kueue]:
-    from gpufn_devcluster.cluster import binaries_dir
-
     with Kueue(binaries_dir(), cluster, device_class_mappings={QUOTA: [DRIVER]}) as running:
         yield running
 
@@ -327,3 +333,44 @@ def test_kueue_admits_a_dra_class_by_its_device_quota_and_the_next_run_waits_wit
         assert instance.get_run_by_id(second).tags[CAPACITY_TAG] == "scheduled"
     finally:
         custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", queue)
+
+
+@pytest.fixture(scope="module")
+def real_dra_node(cluster, dra_pools) -> Iterator[RealNode]:
+    """A real kubelet node whose 2 GPUs the suite's DRA driver (a real kubelet plugin) publishes and prepares."""
+    why = missing_runtime()
+    if why:
+        pytest.skip(f"no real node on this machine: {why}")
+    with RealNode(binaries_dir(), cluster, GpuClass(**REAL_CLASS), gpus=2, name="real-dra-0",
+                  dra=DraDriver(dra_binaries_dir(), DRIVER, H100)) as node:
+        yield node
+
+
+def test_a_shard_pod_on_a_real_node_sees_the_device_a_real_dra_driver_prepared_for_its_claim(
+        real_dra_node, cluster, core, namespace, instance):
+    run_id = materialize(instance, "frames__emb_real", job="fanned_real", defs=DEFS)
+    run = instance.get_run_by_id(run_id)
+    mounts = host_mounts()
+    # The launcher's pods read the object store's settings from this Secret (none are needed here).
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "gpufn-object-store"}, "string_data": {}})
+    # The shard's pod as gpufn's step handler builds it (the claim, the class's placement), plus what a pod
+    # of this machine needs (the local image, the host's directories, its network); its command says
+    # which GPU devices the container was given.
+    (name,) = shard_step_pods(cluster, namespace, instance, run, range(1), defs=DEFS, step_k8s_config={
+        "container_config": {"image": WORKER_IMAGE, "image_pull_policy": "Never",
+                             "command": ["/bin/sh", "-c", "env | grep ^GPU_DEVICE_ | sort; exec sleep 600"],
+                             "volume_mounts": [{"name": f"host{i}", "mount_path": p} for i, p in enumerate(mounts)]},
+        "pod_spec_config": {"host_network": True, "node_selector": {REAL_NODE_LABEL: "true"},
+                            "volumes": [{"name": f"host{i}", "host_path": {"path": p}} for i, p in enumerate(mounts)]}})
+    try:  # it says its devices, then holds them (its claim stays allocated) until the namespace goes
+        said = wait_for(lambda: "GPU_DEVICE_" in (text := real_dra_node.why_failed(name, namespace)) and text,
+                        timeout=120, what="the shard pod said its devices")
+    except AssertionError as err:
+        pod = core.read_namespaced_pod(name, namespace)
+        raise AssertionError(f"{err}: {pod.spec.node_name} {pod.status}\n{real_dra_node.why_failed(name, namespace)}")
+    pod = core.read_namespaced_pod(name, namespace)
+    assert (pod.spec.node_name, pod.status.phase) == ("real-dra-0", "Running")
+    results = claim_of(cluster, namespace, pod)["status"]["allocation"]["devices"]["results"]
+    (device,) = [r["device"] for r in results]  # one device: one GPU of the shard
+    assert f"GPU_DEVICE_{device.split('-')[1]}={device}" in said, said  # the container sees its device, only it
+    assert said.count("GPU_DEVICE_") == 1, said
