@@ -27,6 +27,7 @@ DeviceCount(by_node={'n1': 1}, unsure=0)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,16 +184,63 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> Iterable[tuple[str, st
 
 def matching_devices(expressions: Sequence[str], slices: Iterable[Mapping[str, Any]]) -> DeviceCount:
     """How many devices of `slices` pass every selector in `expressions` (a device class's and a
-    GPU class's together), per node."""
+    GPU class's together), per node.
+
+    A pool of a thousand 8-GPU nodes is 8,000 devices, and CEL here costs about 0.4 ms a device: a
+    verdict is kept per device content (driver, attributes, capacity -- not its name, so a pool of
+    one GPU model is evaluated once) and per slice version (`metadata.uid` and `resourceVersion`,
+    which the API server changes with every update), so a watcher tick re-evaluates only what changed.
+    """
+    key = tuple(expressions)
     by_node: dict[str, int] = {}
     unsure = 0
-    for node, driver, device in slice_devices(slices):
-        verdict = matches(expressions, device_activation(driver, device))
-        if verdict is None:
-            unsure += 1
-        elif verdict:
-            by_node[node] = by_node.get(node, 0) + 1
+    for item in slices:
+        node, found, doubtful = _slice_count(key, item)
+        if node is not None:
+            if found:
+                by_node[node] = by_node.get(node, 0) + found
+            unsure += doubtful
     return DeviceCount(by_node, unsure)
+
+
+_SLICE_COUNTS: dict[tuple[Any, ...], tuple[str | None, int, int]] = {}
+_VERDICTS: dict[tuple[Any, ...], bool | None] = {}
+_KEPT = 65536  # entries of each memo: past it, it starts afresh (a memo, never a source of truth)
+
+
+def _slice_count(expressions: tuple[str, ...], item: Mapping[str, Any]) -> tuple[str | None, int, int]:
+    """(node, devices passing, devices unsure) of one ResourceSlice, memoized per slice version."""
+    metadata = item.get("metadata") or {}
+    version = (metadata.get("uid"), metadata.get("resourceVersion"))
+    key = (expressions, *version) if all(version) else None
+    if key is not None and key in _SLICE_COUNTS:
+        return _SLICE_COUNTS[key]
+    found = doubtful = 0
+    node = None
+    for node, driver, device in slice_devices([item]):
+        verdict = _verdict(expressions, driver, device)
+        if verdict is None:
+            doubtful += 1
+        elif verdict:
+            found += 1
+    counted = (node, found, doubtful)
+    if key is not None:
+        if len(_SLICE_COUNTS) >= _KEPT:
+            _SLICE_COUNTS.clear()
+        _SLICE_COUNTS[key] = counted
+    return counted
+
+
+def _verdict(expressions: tuple[str, ...], driver: str, device: Mapping[str, Any]) -> bool | None:
+    """`matches` for one device, memoized by what the selectors can see of it (not its name)."""
+    content = json.dumps([driver, device.get("attributes"), device.get("capacity"),
+                          bool(device.get("allowMultipleAllocations"))], sort_keys=True)
+    key = (expressions, content)
+    if key not in _VERDICTS:
+        if len(_VERDICTS) >= _KEPT:
+            _VERDICTS.clear()
+        _VERDICTS[key] = matches(expressions, device_activation(driver, device))
+    return _VERDICTS[key]
 
 
 def device_class_selectors(device_class: Mapping[str, Any] | None) -> list[str]:

@@ -20,6 +20,7 @@ BENCH = REPO / "bench"
 CASES = {
     "capacity_bench.py": (["--runs", "3"], "| postgres / sqlite |", True),
     "deploy_bench.py": (["--shards", "1", "--fragment-rows", "1100"], "| launch -> commit done |", True),
+    "dra_bench.py": (["--nodes", "20"], "| steady tick |", False),
     "engine_replay_bench.py": (["--gpu-json", "bench/figures/h200_minilm.json", "--rows", "2000", "--fragment-rows",
                                 "1000", "--modes", "encode", "--batches", "256", "--out", "{tmp}/replay.json"],
                                "| mode | rows/call |", False),
