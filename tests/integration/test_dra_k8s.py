@@ -147,6 +147,30 @@ def test_a_dra_run_pod_claims_its_devices_through_a_template_its_job_owns_and_la
     assert class_gauges(instance, "dra-a100")[1] == 2
 
 
+def test_run_tags_cannot_widen_a_dra_claim(cluster, core, namespace, instance):
+    more = {"pod_spec_config": {"resource_claims": [{"name": "more", "resource_claim_template_name": "eight-gpus"}]}}
+    refused = materialize(instance, "frames__emb_h100", defs=DEFS, tags={"dagster-k8s/config": json.dumps(more)})
+    run = instance.get_run_by_id(refused)
+    assert run.status == DagsterRunStatus.FAILURE and run.tags["gpufn/placement"] == "rejected"
+    assert not kubernetes.client.BatchV1Api(cluster.api_client()).list_namespaced_job(
+        namespace, label_selector=f"dagster/run-id={refused}").items
+    # Extended GPUs, another claim for its container and another class, in tags: the class's claim alone stands.
+    sneaky = {"container_config": {"resources": {"limits": {"nvidia.com/gpu": "8"},
+                                                 "claims": [{"name": "gpu"}, {"name": "more"}]}}}
+    run_id = materialize(instance, "frames__emb_h100", defs=DEFS,
+                         tags={"dagster-k8s/config": json.dumps(sneaky), "gpufn/gpu-class": "dra-a100"})
+    pod = placed(core, namespace, run_id)
+    container = pod.spec.containers[0]
+    assert [c.name for c in container.resources.claims] == ["gpu"]
+    assert "nvidia.com/gpu" not in (container.resources.limits or {})
+    (claim_ref,) = pod.spec.resource_claims
+    template = json.loads(resource_api(cluster).read_namespaced_resource_claim_template(
+        claim_ref.resource_claim_template_name, namespace, _preload_content=False).data)
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["count"] == 2 and H100 in request["exactly"]["selectors"][0]["cel"]["expression"]
+    assert pod.spec.node_name == "dra-0" and instance.get_run_by_id(run_id).tags[GPU_CLASS_TAG] == "dra-h100"
+
+
 def test_a_dra_run_waits_while_its_devices_are_claimed_and_starts_when_a_claim_is_released(
         cluster, core, namespace, instance, watcher):
     first = materialize(instance, "frames__emb_h100", defs=DEFS)
