@@ -68,7 +68,7 @@ def _format_error(file: Path, class_name: str, err: ValidationError) -> list[str
     lines = []
     for item in err.errors():
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")  # pydantic's words for a validator's ValueError
         if item["type"] == "extra_forbidden" and (model := _model_at(item["loc"])) is not None:
             message = f"unknown field{suggestion(str(item['loc'][-1]), _field_names(model))}; fields: " \
                       f"{', '.join(model.model_fields)}"

@@ -14,7 +14,8 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from .device_cel import cel_problem
 from .k8s_syntax import (dns_subdomain_problem, extended_resource_problem, label_value_problem, parse_quantity,
@@ -290,8 +291,8 @@ class GpuClass(_Strict):
     max_wait: Duration | None = None
     max_gpus_per_refresh: int | None = Field(default=None, ge=1)  # the most GPUs one refresh holds at once
     local: LocalSlots = Field(default_factory=LocalSlots)
-    kueue: KueueQueue | None = None  # Kueue mode: Jobs go to this LocalQueue and wait for its admission
     dra: DraDevices | None = None  # GPUs through a DRA claim instead of the extended resource
+    kueue: KueueQueue | None = None  # Kueue mode: Jobs go to this LocalQueue and wait for its admission
     description: str | None = None
 
     @field_validator("name")
@@ -332,16 +333,19 @@ class GpuClass(_Strict):
             raise ValueError("must be positive")
         return value
 
-    @model_validator(mode="after")
-    def _kueue_counts_devices(self) -> GpuClass:
-        if self.kueue is not None and self.claims_devices and self.kueue.device_resource is None:
-            raise ValueError("kueue.device_resource is needed with a DRA claim: the quota resource that Kueue's "
+    @field_validator("kueue")
+    @classmethod
+    def _kueue_counts_devices(cls, value: KueueQueue | None, info: ValidationInfo) -> KueueQueue | None:
+        dra = info.data.get("dra")
+        claims = dra is not None and not dra.extended_resource
+        if value is not None and claims and value.device_resource is None:
+            raise ValueError("device_resource is needed with a DRA claim: the quota resource that Kueue's "
                              "deviceClassMappings (in Kueue's Configuration) names this class's DeviceClass "
-                             f"{self.dra.device_class!r} as -- its ClusterQueue gets quota of that resource, in devices")
-        if self.kueue is not None and self.kueue.device_resource is not None and not self.claims_devices:
-            raise ValueError("kueue.device_resource is for a class that claims DRA devices (dra without "
+                             f"{dra.device_class!r} as -- its ClusterQueue gets quota of that resource, in devices")
+        if value is not None and value.device_resource is not None and not claims:
+            raise ValueError("device_resource is for a class that claims DRA devices (dra without "
                              "extended_resource); Kueue counts this class's resource_name")
-        return self
+        return value
 
     @property
     def claims_devices(self) -> bool:
@@ -366,7 +370,8 @@ class GpuClass(_Strict):
         """The listing view: the attributes LanceDB's GPU-class documentation uses, plus placement."""
         return {
             "name": self.name,
-            "resource_name": self.resource_name,
+            "resource_name": None if self.claims_devices else self.resource_name,
+            "requested_as": self.requested_as,
             "gpu_model": self.gpu_model,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "max_gpu_count_per_worker": self.max_gpu_count_per_worker,

@@ -149,8 +149,12 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
     match the GPU classes in Kueue mode, as YAML for `kubectl apply -f -`."""
     import yaml
 
+    from pydantic import ValidationError
+
     from .class_files import load_gpu_classes
-    from .classes import KueueQueue
+    from .class_requests import accept
+    from .classes import GpuClass, KueueQueue
+    from .errors import ClassRequestError
     from .run.kueue import kueue_manifests as manifests
 
     try:
@@ -167,8 +171,12 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
         if name not in classes:
             raise click.BadParameter(f"no class {name!r}; classes: {', '.join(sorted(classes))}", param_hint="--local-queue")
         if classes[name].kueue is None:
-            classes[name] = classes[name].model_copy(update={"kueue": KueueQueue(
-                local_queue=queue, priority_classes=by_threshold)})
+            try:  # validated as in a class file: a DRA class's quota needs its device_resource, from its file
+                classes[name] = GpuClass.model_validate({**classes[name].model_dump(), "kueue": KueueQueue(
+                    local_queue=queue, priority_classes=by_threshold).model_dump()})
+            except ValidationError as err:
+                raise click.BadParameter(f"class {name!r}: {err.errors()[0]['msg']} (write the kueue block, with "
+                                         "device_resource, in its class file)", param_hint="--local-queue") from None
     unknown = sorted(set(quota) - set(classes))
     if unknown:
         raise click.BadParameter(f"no class {unknown[0]!r}; classes: {', '.join(sorted(classes))}", param_hint="--gpus")
@@ -176,6 +184,10 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
     for names in accepted:
         if not_queued := [n for n in names if n not in classes or classes[n].kueue is None]:
             raise click.BadParameter(f"{not_queued[0]!r} is not a class in Kueue mode", param_hint="--choice")
+        try:  # the one rule of what a Function may accept: a choice it refuses gets no queue
+            accept(names, None, classes)
+        except ClassRequestError as err:
+            raise click.BadParameter(err.problem, param_hint="--choice") from None
     objects = manifests(sorted(classes.values(), key=lambda c: c.name), quota, namespace, accepted)
     if not objects:
         raise click.ClickException("no class is in Kueue mode: add a `kueue: {local_queue: ...}` block to a class "

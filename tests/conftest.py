@@ -141,37 +141,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _ours(pid: int) -> bool:
+    """Whether process `pid` was started by this test session (it inherited `SESSION_ENV`): another
+    suite's or a bench's on the same machine is not this session's to judge or kill."""
+    mark = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
+    try:
+        return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def _warm_instances_left(grace: float = 10.0) -> list[int]:
-    """Warm instances' processes of this session's instances (under the temporary directory) still
-    running after `grace` seconds: each ends within a second of its owner (the code server that
-    launched its run) or its idle time, so one still alive was left behind."""
+    """Warm instances' processes this session started (under the temporary directory) still running
+    after `grace` seconds: each ends within a second of its owner (the code server that launched its
+    run) or its idle time, so one still alive was left behind."""
     import tempfile
 
     from gpufn_dagster.embedded.warm import host_processes
 
     deadline = time.monotonic() + grace
-    while (left := host_processes(Path(tempfile.gettempdir()))) and time.monotonic() < deadline:
+    while (left := [pid for pid in host_processes(Path(tempfile.gettempdir())) if _ours(pid)]) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
 
 
 def _warm_run_workers_left(grace: float = 10.0) -> list[int]:
-    """Warm run workers (`gpufn_dagster.embedded.warm_worker`) started by this session (they inherited
-    `SESSION_ENV`; another suite's or a bench's on the same machine are not ours) still running
+    """Warm run workers (`gpufn_dagster.embedded.warm_worker`) started by this session still running
     after `grace` seconds: one waiting ends with its launcher's instance, one handed a run with its run."""
     from gpufn_dagster.embedded.procfs import running_module
     from gpufn_dagster.embedded.warm_worker import MODULE
 
-    mark = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
-
-    def ours(pid: int) -> bool:
-        try:
-            return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-
     deadline = time.monotonic() + grace
-    while (found := [pid for pid in running_module(MODULE) if ours(pid)]) and time.monotonic() < deadline:
+    while (found := [pid for pid in running_module(MODULE) if _ours(pid)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     return found
 

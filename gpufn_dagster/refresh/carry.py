@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from ..tags import CARRY_COMMIT_MESSAGE, SIG_COLUMN_KEY
 from .files import TableFiles
-from .plan import field_ids
 from .reads import ADDRESS, row_offsets
 from .write import FragmentFileWriter, align_to_physical, data_file_name
 
@@ -39,7 +38,6 @@ def carry_over(view: TableFiles, previous_version: int) -> int:
     sig_columns = sorted({current.schema.field(n).metadata[SIG_COLUMN_KEY.encode()].decode() for n in names})
     old = previous.to_table(columns=[SOURCE_ROW_ID, *names])
     schema = pa.schema([current.schema.field(n) for n in names])
-    ids = field_ids(current, names)
     groups, carried = [], 0
     for fragment in current.get_fragments():
         rows = fragment.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
@@ -54,7 +52,7 @@ def carry_over(view: TableFiles, previous_version: int) -> int:
         writer.write(align_to_physical(batch, offsets, 0, schema))
         writer.pad_to(fragment.metadata.physical_rows)
         writer.close()
-        groups.append(lance.LanceOperation.DataReplacementGroup(fragment.fragment_id, writer.data_file(ids)))
+        groups.append(lance.LanceOperation.DataReplacementGroup(fragment.fragment_id, writer.data_file()))
     if carried:
         view.commit(lance.LanceOperation.DataReplacement(groups), current.version,
                     CARRY_COMMIT_MESSAGE)

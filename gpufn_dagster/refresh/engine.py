@@ -56,7 +56,7 @@ from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, assemble_frag
 from .gpu_stats import GpuSampler, visible_gpus
 from .leftovers import WrittenFiles
 from .lease import DEFAULT_TTL, ColumnLease
-from .plan import FragmentWork, content_keys, field_ids, plan_fragments
+from .plan import FragmentWork, content_keys, plan_fragments
 from .progress import Progress, Ticker
 from .results import RefreshPlan, RefreshResult, ShardResult
 from .shards import Piece, Shard, split_work, why_fewer_shards, workers_within_budget
@@ -283,7 +283,7 @@ class ColumnRefresh:
         names = [*self.function.columns, self.function.sig_column]
         for _attempt in range(_COMMIT_ATTEMPTS):
             latest = self.files.dataset()
-            rebased = rebase_groups(self.files, latest, names, field_ids(latest, names),
+            rebased = rebase_groups(self.files, latest, names,
                                     [(g, r.work.rows) for g, r in zip(groups, results, strict=True)], written.note)
             if rebased is None:
                 return None

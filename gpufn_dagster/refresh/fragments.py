@@ -35,14 +35,14 @@ import pyarrow.compute as pc
 from ..errors import FailureBudgetExceeded, RefreshStopped
 from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
-from .plan import FragmentWork, field_ids
+from .plan import FragmentWork
 from .progress import Progress
 from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .slices import SLICE_FILE_PREFIX
 from .worker import Worker
-from .write import FragmentFileWriter, align_to_physical, data_file_name
+from .write import FragmentFileWriter, align_to_physical, data_file_name, file_field_ids
 
 FIRST_ERRORS = 3  # errors a stop past the failure budget quotes
 PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
@@ -114,7 +114,7 @@ class Attempt:
         self.model = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufn-model") if self.prefetch else None
         names = [*self.function.columns, self.function.sig_column]
         self.out_schema = pa.schema([dataset.schema.field(n) for n in names])
-        self.out_ids = field_ids(dataset, names)
+        self.out_ids = file_field_ids(dataset, names)  # what its data files list
         # A fragment the Function never wrote needs only its inputs; others also their stored outputs.
         self.new_scan = {n: f"`{n}`" for n in self.function.inputs} | scan_expressions(self.function, dataset.schema)
         self.stale_scan = self.new_scan | {n: f"`{n}`" for n in names if n not in self.new_scan}

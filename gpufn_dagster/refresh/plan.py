@@ -28,6 +28,7 @@ import numpy as np
 from ..function_spec.functions import Function
 from .slices import slice_key, slice_rows
 from .state import ColumnState
+from .write import preorder
 
 OUR_FILE = re.compile(r"^gpufn-(?P<version>[0-9a-f]{16})-(?P<inputs>[0-9a-f]{12})-[0-9a-f]{32}\.lance$")
 
@@ -48,8 +49,12 @@ class FragmentWork:
 
 
 def field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ...]) -> list[int]:
+    """The Lance field ids of the named columns and of every field nested in them (a list's item, a
+    struct's members), in pre-order: a data file holds a column when it lists any of them (files of
+    format 2.1+ list only the leaves)."""
     schema = dataset.lance_schema
-    return [schema.field(name).id() for name in names]
+    return [nested.id() for name in names for nested in preorder(schema.field(name))]
+
 
 
 def _files_holding(fragment: lance.fragment.FragmentMetadata, ids: set[int]) -> list[str]:

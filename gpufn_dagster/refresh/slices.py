@@ -86,7 +86,7 @@ def _stored(dataset: lance.LanceDataset, fragment_id: int, names: list[str], sch
     return batch
 
 
-def rebase_groups(files: TableFiles, latest: lance.LanceDataset, names: list[str], field_ids: list[int],
+def rebase_groups(files: TableFiles, latest: lance.LanceDataset, names: list[str],
                   ours: list[tuple[lance.LanceOperation.DataReplacementGroup, np.ndarray | None]],
                   note: Callable[[str], None]) -> list[lance.LanceOperation.DataReplacementGroup] | None:
     """Our rewritten fragments moved onto the latest version: each fragment's new file holds the
@@ -118,5 +118,5 @@ def rebase_groups(files: TableFiles, latest: lance.LanceDataset, names: list[str
         writer.write(merged)
         writer.close()
         files.delete(f"data/{group.new_file.path}")
-        rebased.append(lance.LanceOperation.DataReplacementGroup(group.fragment_id, writer.data_file(field_ids)))
+        rebased.append(lance.LanceOperation.DataReplacementGroup(group.fragment_id, writer.data_file()))
     return rebased

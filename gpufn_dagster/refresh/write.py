@@ -7,6 +7,8 @@ A `DataReplacement` swaps a field's file per fragment, so the new file must hold
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import lance
 import numpy as np
@@ -27,6 +29,31 @@ def storage_version(dataset: lance.LanceDataset) -> tuple[str, int, int]:
     return version, major, minor
 
 
+def preorder(field: Any) -> Iterator[Any]:
+    """A Lance field, then its children's fields, depth first."""
+    yield field
+    for child in field.children():
+        yield from preorder(child)
+
+
+def file_field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ...]) -> list[int]:
+    """The field ids a new data file of the named columns lists, as Lance's own writer lists them:
+    every field, nested ones included (format 2.0), or only the leaves (2.1+: a list or struct field
+    has no column of its own, its items and members do). Its column indices are 0, 1, ... in that order.
+
+    >>> import tempfile
+    >>> t = pa.table({"id": [1], "v": pa.array([[1.0]], pa.list_(pa.float32()))})
+    >>> file_field_ids(lance.write_dataset(t, tempfile.mkdtemp(), data_storage_version="2.1"), ["v"])
+    [2]
+    >>> file_field_ids(lance.write_dataset(t, tempfile.mkdtemp(), data_storage_version="2.0"), ["v"])
+    [1, 2]
+    """
+    _, major, minor = storage_version(dataset)
+    schema = dataset.lance_schema
+    fields = [nested for name in names for nested in preorder(schema.field(name))]
+    return [f.id() for f in fields if (major, minor) < (2, 1) or not f.children()]
+
+
 def data_file_name(prefix: str) -> str:
     """A new, unique data file name (`<prefix>-<uuid>.lance`)."""
     return f"{prefix}-{uuid.uuid4().hex}.lance"
@@ -39,6 +66,7 @@ class FragmentFileWriter:
         version, self.major, self.minor = storage_version(dataset)
         self.name = name
         self.schema = schema
+        self.field_ids = file_field_ids(dataset, schema.names)
         self.writer = LanceFileWriter(files.path(f"data/{self.name}"), schema, version=version,
                                       storage_options=files.storage_options or None)
         self.rows = 0
@@ -56,8 +84,10 @@ class FragmentFileWriter:
     def close(self) -> None:
         self.writer.close()
 
-    def data_file(self, field_ids: list[int]) -> lance.fragment.DataFile:
-        return lance.fragment.DataFile(self.name, field_ids, list(range(len(field_ids))), self.major, self.minor)
+    def data_file(self) -> lance.fragment.DataFile:
+        """The written file as a fragment's data file of its columns."""
+        return lance.fragment.DataFile(self.name, self.field_ids, list(range(len(self.field_ids))), self.major,
+                                       self.minor)
 
 
 def align_to_physical(batch: pa.RecordBatch, offsets: np.ndarray, start: int, schema: pa.Schema) -> pa.RecordBatch:

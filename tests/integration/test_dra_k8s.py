@@ -392,8 +392,9 @@ def test_a_shard_pod_on_a_real_node_sees_the_device_a_real_dra_driver_prepared_f
     except AssertionError as err:
         pod = core.read_namespaced_pod(name, namespace)
         raise AssertionError(f"{err}: {pod.spec.node_name} {pod.status}\n{real_dra_node.why_failed(name, namespace)}")
-    pod = core.read_namespaced_pod(name, namespace)
-    assert (pod.spec.node_name, pod.status.phase) == ("real-dra-0", "Running")
+    pod = wait_for(lambda: (p := core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p,
+                   timeout=60, what="the kubelet reports the pod Running")  # its status may lag its log
+    assert pod.spec.node_name == "real-dra-0"
     results = claim_of(cluster, namespace, pod)["status"]["allocation"]["devices"]["results"]
     (device,) = [r["device"] for r in results]  # one device: one GPU of the shard
     assert f"GPU_DEVICE_{device.split('-')[1]}={device}" in said, said  # the container sees its device, only it

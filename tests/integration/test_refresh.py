@@ -278,3 +278,32 @@ def test_sigkilled_refresh_resumes_and_never_mixes_versions(db_uri, tmp_path: Pa
     assert {name for name in files.names("data") if not name.startswith(".tmp")} <= referenced
     for v in dataset.versions():
         assert files.dataset(v["version"]).to_table().num_rows == 400
+
+
+def spread(x: int) -> list[float]:
+    """A variable-length list per row: x copies of x."""
+    return [float(x)] * (x % 4)
+
+
+def described(x: int) -> dict:
+    return {"n": x, "tags": [str(x)] * (x % 3)}
+
+
+@pytest.mark.parametrize("storage", ["2.0", "2.1", "2.2"])
+@pytest.mark.parametrize(("function", "output_type"), [(spread, "list<float32>"),
+                                                      (described, "struct<n: int64, tags: list<string>>")])
+def test_nested_outputs_commit_and_a_refresh_after_an_append_computes_only_the_new_rows(tmp_path, storage, function,
+                                                                                        output_type):
+    """The README's `output_type="list<float32>"`: a Function whose values nest (a list, a struct of a
+    list) writes files Lance accepts in every file format -- 2.1+ lists only the leaves' fields --
+    and the next refresh finds them (it computes the appended rows, nothing else)."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"x": pa.array(np.arange(100, dtype=np.int64))}), uri, data_storage_version=storage)
+    spec = make_function(function, table="t", column="v", output_type=output_type)
+    assert refresh_column(uri, spec).rows_computed == 100
+    lance.write_dataset(pa.table({"x": pa.array(np.arange(100, 130, dtype=np.int64))}), uri, mode="append")
+    again = refresh_column(uri, spec)
+    assert (again.rows_computed, again.rows_failed) == (30, 0)
+    assert refresh_column(uri, spec).rows_computed == 0
+    table = lance.dataset(uri).to_table(columns=["x", "v"]).to_pylist()
+    assert [row["v"] for row in table] == [function(row["x"]) for row in table]

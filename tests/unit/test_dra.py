@@ -68,7 +68,7 @@ def test_a_bad_dra_section_is_refused_naming_file_class_and_field(classes_dir, d
 
 def test_kueue_mode_with_a_dra_claim_names_the_quota_resource_kueue_counts_its_devices_as(classes_dir):
     path = write(classes_dir, {**dra_class(count_per_gpu=2), "kueue": {"local_queue": "gpu"}})
-    with pytest.raises(GpuClassError, match="kueue.device_resource is needed with a DRA claim") as err:
+    with pytest.raises(GpuClassError, match="field .kueue.: device_resource is needed with a DRA claim") as err:
         load_gpu_classes(classes_dir)
     assert f"{path}: class 'h100-dra'" in str(err.value)
     write(classes_dir, {**dra_class(count_per_gpu=2), "kueue": {"local_queue": "gpu", "device_resource": "example.com/gpu"}})
@@ -84,6 +84,7 @@ def test_kueue_mode_with_a_dra_claim_names_the_quota_resource_kueue_counts_its_d
 def test_a_dra_class_is_listed_by_python_the_cli_and_http(classes_dir):
     write(classes_dir, dra_class())
     (listed,) = [c for c in list_gpu_classes(classes_dir) if c.name == "h100-dra"]
+    assert (listed.summary()["resource_name"], listed.summary()["requested_as"]) == (None, f"DRA device class {DRIVER}")
     assert listed.summary()["dra"] == {"device_class": DRIVER, "selectors": [SELECT_H100], "count_per_gpu": 1,
                                        "extended_resource": False}
     table = subprocess.run([*GPUFN, "classes", "--dir", str(classes_dir)], capture_output=True, text=True, check=True)
@@ -193,3 +194,20 @@ def test_the_readmes_dra_class_loads_and_its_selectors_match_the_devices_it_name
                  resource_slice("n2", DRIVER, gpu_devices(H100, "40Gi", 2)),
                  resource_slice("n3", DRIVER, gpu_devices("NVIDIA A100-SXM4-80GB", "80Gi", 2))]
     assert dict(matching_devices(gpu_class.dra.selectors, published).by_node) == {"n1": 2}
+
+
+def test_kueue_manifests_refuse_what_loading_refuses_for_dra_classes(classes_dir):
+    queued = {"local_queue": "gpu", "device_resource": "example.com/gpu"}
+    write(classes_dir, {**dra_class(), "kueue": queued})
+    write(classes_dir, {**dra_class("a100-dra", ('device.attributes["gpu.nvidia.com"].productName == "A100"',)),
+                        "kueue": queued})
+    write(classes_dir, dra_class("b200-dra", ('device.attributes["gpu.nvidia.com"].productName == "B200"',)))
+    base = [*GPUFN, "kueue-manifests", "--dir", str(classes_dir), "--namespace", "dagster"]
+    choice = subprocess.run([*base, "--choice", "h100-dra,a100-dra"], capture_output=True, text=True)
+    assert choice.returncode == 2 and "firstAvailable" in choice.stderr, choice.stderr
+    unqueued = subprocess.run([*base, "--local-queue", "b200-dra=gpu-b200"], capture_output=True, text=True)
+    assert unqueued.returncode == 2 and "device_resource is needed" in unqueued.stderr, unqueued.stderr
+    done = subprocess.run([*base, "--gpus", "h100-dra=3"], capture_output=True, text=True, check=True)
+    queue = next(m for m in yaml.safe_load_all(done.stdout) if m["kind"] == "ClusterQueue"
+                 and m["metadata"]["name"] == "gpufn-h100-dra")
+    assert {"name": "example.com/gpu", "nominalQuota": "3"} in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
