@@ -1,9 +1,13 @@
 """Column refresh, side by side on one table: gpufn's refresh with a trivial Python UDF, lancedb's
 native SQL computed column (`add_columns(computed=...)` + `refresh_column`), and pylance
 `add_columns` with a batch UDF; then incremental refresh after a 1 % append vs a full refresh,
-and peak RSS at two table sizes. Each measurement runs in a fresh process so peak RSS is its own.
+and peak RSS at two table sizes. Each measurement runs in a fresh process (so peak RSS is its
+own) on a fresh copy of the table, and reports process CPU seconds (every thread, Lance's too)
+beside wall seconds: on a shared machine wall time tracks the load, CPU seconds do not. Cases are
+interleaved `--repeat` times and the table gives medians, with CPU ratios against lancedb's SQL
+refresh and pylance in the same run.
 
-    .venv/bin/python bench/refresh_bench.py --rows 5000000 --small-rows 1000000
+    .venv/bin/python bench/refresh_bench.py --rows 5000000 --small-rows 500000 --repeat 5
 
 Prints a Markdown table (paste into BENCHMARKS.md) and writes bench/results/refresh.json.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +61,15 @@ def double_row(x: int) -> int:
     return x * 2
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all its threads (Lance's and Arrow's pools included):
+    on a shared machine wall time tracks the load, CPU seconds do not."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_case(case: str, uri: str) -> dict:
     """Runs in a child process: one measurement, with its own peak RSS."""
     import resource
@@ -68,6 +82,7 @@ def run_case(case: str, uri: str) -> dict:
     table = lancedb.connect(uri).open_table("t")
     table_uri = table.to_lance().uri
     started = time.perf_counter()
+    cpu_started = cpu_seconds()
     rows = table.count_rows()
     detail = {}
     if case in ("gpufn", "gpufn_incremental"):
@@ -91,8 +106,10 @@ def run_case(case: str, uri: str) -> dict:
     else:
         raise ValueError(case)
     seconds = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu_started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"case": case, "rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_mib": peak,
+    return {"case": case, "rows": rows, "seconds": seconds, "cpu_seconds": cpu,
+            "cpu_us_per_row": cpu / rows * 1e6, "rows_per_s": rows / seconds, "peak_rss_mib": peak,
             **detail}
 
 
@@ -113,34 +130,61 @@ def append_percent(uri: str, percent: float) -> int:
     return n
 
 
+CASES = ("lancedb_sql", "pylance_udf", "gpufn", "gpufn_rows")
+
+
+def measure(base: str, work: Path, case: str) -> dict:
+    """One case on a fresh copy of the table (every case fills its column from nothing); the
+    incremental case fills the column, appends 1 %, then measures only the second refresh."""
+    uri = str(work / "db")
+    shutil.rmtree(uri, ignore_errors=True)
+    shutil.copytree(base, uri)
+    if case != "gpufn_incremental":
+        return child(case, uri)
+    child("gpufn", uri)
+    appended = append_percent(uri, 1)
+    return {"appended": appended, **child(case, uri)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--small-rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="runs of each case, interleaved; the table gives their medians")
     parser.add_argument("--child", nargs=2)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_case(*args.child)))
         return
-    results = []
+    runs = []
     work = Path(tempfile.mkdtemp(prefix="gpufn-bench-"))
     try:
         for rows in (args.small_rows, args.rows):
-            uri = str(work / f"db{rows}")
-            make_table(uri, rows)
-            for case in ("lancedb_sql", "pylance_udf", "gpufn", "gpufn_rows"):
-                results.append({"table_rows": rows, **child(case, uri)})
-                print(json.dumps(results[-1]), file=sys.stderr)
-            appended = append_percent(uri, 1)
-            results.append({"table_rows": rows, "appended": appended, **child("gpufn_incremental", uri)})
-            print(json.dumps(results[-1]), file=sys.stderr)
+            base = str(work / f"base{rows}")
+            make_table(base, rows)
+            for _ in range(args.repeat):  # interleaved, so a change of load touches every case alike
+                for case in (*CASES, "gpufn_incremental"):
+                    runs.append({"table_rows": rows, **measure(base, work, case)})
+                    print(json.dumps(runs[-1]), file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    results = []
+    for rows in (args.small_rows, args.rows):
+        for case in (*CASES, "gpufn_incremental"):
+            mine = [r for r in runs if r["table_rows"] == rows and r["case"] == case]
+            results.append({"table_rows": rows, "case": case, "runs": len(mine),
+                            **{k: statistics.median([r[k] for r in mine]) for k in
+                               ("seconds", "cpu_seconds", "cpu_us_per_row", "rows_per_s", "peak_rss_mib")}})
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "refresh.json").write_text(json.dumps(results, indent=2))
-    print("| table rows | case | seconds | rows/s | peak RSS MiB |\n| --- | --- | --- | --- | --- |")
+    (HERE / "results" / "refresh.json").write_text(json.dumps({"medians": results, "runs": runs}, indent=2))
+    print("| table rows | case | wall s | CPU s | CPU us/row | CPU ÷ lancedb_sql | CPU ÷ pylance_udf | peak RSS MiB |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['table_rows']:,} | {r['case']} | {r['seconds']:.2f} | {r['rows_per_s']:,.0f} | {r['peak_rss_mib']:.0f} |")
+        same = {x["case"]: x["cpu_seconds"] for x in results if x["table_rows"] == r["table_rows"]}
+        print(f"| {r['table_rows']:,} | {r['case']} | {r['seconds']:.3f} | {r['cpu_seconds']:.3f} | "
+              f"{r['cpu_us_per_row']:.3f} | {r['cpu_seconds'] / same['lancedb_sql']:.2f} | "
+              f"{r['cpu_seconds'] / same['pylance_udf']:.2f} | {r['peak_rss_mib']:.0f} |")
 
 
 if __name__ == "__main__":

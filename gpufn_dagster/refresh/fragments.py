@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import lance
@@ -37,7 +38,7 @@ from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
 from .plan import FragmentWork
 from .progress import Progress
-from .reads import ADDRESS, READ_ROWS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
+from .reads import ADDRESS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .slices import SLICE_FILE_PREFIX
@@ -184,13 +185,26 @@ class _Staged:
 
     batch: pa.RecordBatch
     addresses: np.ndarray
-    offsets: np.ndarray  # the rows' physical offsets in the fragment
     start: int  # the physical offset the batch's output starts at (after the previous batch)
     now: np.ndarray  # each row's current signature
-    stale_idx: np.ndarray
-    retried: np.ndarray  # rows stored as FAILED by an earlier refresh
+    stale_idx: np.ndarray  # the rows handed to the model (every row when `all_stale`)
+    retried: np.ndarray | None  # rows stored as FAILED by an earlier refresh (None: none)
     values: Future[tuple[pa.Array, list[RowError]]] | None
     keep: np.ndarray | None = None  # rows of other slices, carried as stored (None: none)
+
+    @property
+    def all_stale(self) -> bool:
+        return len(self.stale_idx) == self.batch.num_rows
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """The rows' physical offsets in the fragment (computed only where rows were deleted, or for a slice)."""
+        return row_offsets(self.addresses)
+
+    def aligned(self, out: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+        """`out` placed at the rows' physical offsets from `start` (deleted rows NULL): as it is without deletions."""
+        return out if self.end - self.start == out.num_rows else align_to_physical(out, self.offsets, self.start,
+                                                                                   schema)
 
     @property
     def checked(self) -> int:
@@ -200,7 +214,7 @@ class _Staged:
     @property
     def end(self) -> int:
         """The physical offset after its last row: where the next batch's output starts."""
-        return int(self.offsets[-1]) + 1
+        return (int(self.addresses[-1]) & 0xFFFFFFFF) + 1
 
 
 def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, inside: np.ndarray | None) -> _Staged:
@@ -212,8 +226,7 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, insid
     """
     function = attempt.function
     addresses = batch.column(ADDRESS).to_numpy()
-    offsets = row_offsets(addresses)
-    keep = None if inside is None else ~np.isin(offsets, inside, assume_unique=True)
+    keep = None if inside is None else ~np.isin(row_offsets(addresses), inside, assume_unique=True)
     if keep is None:
         now = row_signatures(function, batch).to_numpy().copy()
     else:  # only the slice's rows are hashed; the others keep their stored signatures (`_outputs`)
@@ -221,24 +234,28 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, insid
         mine = np.flatnonzero(~keep)
         if len(mine):
             now[mine] = row_signatures(function, batch.take(pa.array(mine))).to_numpy()
+    retried = None
     if new:
         stale_idx = np.arange(batch.num_rows)
-        retried = np.zeros(batch.num_rows, dtype=bool)
     else:
         stored = batch.column(function.sig_column)
         stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
             zero_copy_only=False))
-        retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(zero_copy_only=False)
+        if pc.any(pc.equal(stored, pa.scalar(FAILED, stored.type))).as_py():
+            retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(
+                zero_copy_only=False)
     if keep is not None:
         stale_idx = stale_idx[~keep[stale_idx]]
     values = None
     if len(stale_idx):
         inputs = batch.select(list(function.inputs))
+        ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
+        rows = Rows(addresses, ids)
         if len(stale_idx) < batch.num_rows:
             inputs = inputs.take(pa.array(stale_idx))
-        ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
-        values = attempt.submit(inputs, Rows(addresses[stale_idx], None if ids is None else ids[stale_idx]))
-    return _Staged(batch, addresses, offsets, start, now, stale_idx, retried, values, keep)
+            rows = Rows(addresses[stale_idx], None if ids is None else ids[stale_idx])
+        values = attempt.submit(inputs, rows)
+    return _Staged(batch, addresses, start, now, stale_idx, retried, values, keep)
 
 
 def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome]:
@@ -250,30 +267,35 @@ def _outputs(attempt: Attempt, staged: _Staged) -> tuple[pa.RecordBatch, Outcome
     batch, addresses, now, stale_idx, retried = (staged.batch, staged.addresses, staged.now, staged.stale_idx,
                                                  staged.retried)
     outcome = Outcome(computed=len(stale_idx), changed=len(stale_idx))
-    ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
     if staged.values is None:
         merged = [batch.column(name) for name in function.columns]
     else:
         values, errors = staged.values.result()
         computed = [values] if len(function.columns) == 1 else values.flatten()
-        if len(stale_idx) == batch.num_rows:
+        if staged.all_stale:
             merged = computed
         else:
             selector = np.arange(batch.num_rows)
             selector[stale_idx] = batch.num_rows + np.arange(len(stale_idx))
             merged = [pa.concat_arrays([batch.column(name), c.cast(batch.column(name).type)]).take(pa.array(selector))
                       for name, c in zip(function.columns, computed, strict=True)]
-        failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
-        now[failed] = FAILED
-        was_failed = {int(a) for a in addresses[retried]}
-        outcome.errors = [replace(e, retried=e.row_address in was_failed) for e in errors]
-        outcome.computed -= int(np.count_nonzero(failed[stale_idx]))
-        back = stale_idx[retried[stale_idx] & ~failed[stale_idx]]
-        outcome.recovered = [(int(addresses[i]), None if ids is None else int(ids[i])) for i in back]
+        if errors or retried is not None:  # rows failed now, or had failed before
+            failed = np.isin(addresses, np.array([e.row_address for e in errors], dtype=np.uint64))
+            retried = np.zeros(batch.num_rows, dtype=bool) if retried is None else retried
+            now[failed] = FAILED
+            was_failed = {int(a) for a in addresses[retried]}
+            outcome.errors = [replace(e, retried=e.row_address in was_failed) for e in errors]
+            outcome.computed -= int(np.count_nonzero(failed[stale_idx]))
+            back = stale_idx[retried[stale_idx] & ~failed[stale_idx]]
+            ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
+            outcome.recovered = [(int(addresses[i]), None if ids is None else int(ids[i])) for i in back]
+            given = stale_idx[~failed[stale_idx]]
+            # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
+            outcome.changed -= int(np.count_nonzero(failed & retried))
+        else:
+            given = None if staged.all_stale else stale_idx
         if attempt.computed_rows is not None:  # which rows got a value, when the caller counts them per slice
-            attempt.computed_rows.append(addresses[stale_idx[~failed[stale_idx]]])
-        # Only stale rows get a new signature; one that failed again keeps the FAILED it had.
-        outcome.changed -= int(np.count_nonzero(failed & retried))
+            attempt.computed_rows.append(addresses if given is None else addresses[given])
     merged = [m.cast(f.type) for m, f in zip(merged, attempt.out_schema, strict=False)]
     signatures = pa.array(now, type=attempt.out_schema.field(-1).type)
     if staged.keep is not None and staged.keep.any():  # other slices' rows keep theirs, NULL included
@@ -359,8 +381,8 @@ def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
     new = item.reason == "new" and item.rows is None  # part of a fragment: the other rows' values are read
     staged: deque[_Staged] = deque()  # handed to the model, in fragment order
     fragment = attempt.dataset.get_fragment(item.fragment_id)
-    reads = read_windows(fragment, attempt.new_scan if new else attempt.stale_scan,
-                         max(attempt.function.batch_size, READ_ROWS), attempt.stop,
+    reads = read_windows(fragment, attempt.new_scan if new else attempt.stale_scan, lambda: attempt.sizer.rows,
+                         attempt.stop,
                          offset=live_offset(fragment, start))
     call_start = start
     for batch in cut_calls(reads, lambda: attempt.sizer.rows, start, end=end, counted=item.rows):
@@ -406,7 +428,7 @@ def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]],
 
     def finish(ready: _Staged) -> None:
         out, outcome = _outputs(attempt, ready)
-        aligned = align_to_physical(out, ready.offsets, ready.start, attempt.out_schema)
+        aligned = ready.aligned(out, attempt.out_schema)
         writer.write(aligned)
         total.add(outcome)
         pending.add(aligned, outcome, ready.end)
@@ -461,7 +483,7 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
 
     def finish(ready: _Staged) -> None:
         out, outcome = _outputs(attempt, ready)
-        pending.add(align_to_physical(out, ready.offsets, ready.start, attempt.out_schema), outcome, ready.end)
+        pending.add(ready.aligned(out, attempt.out_schema), outcome, ready.end)
         total.add(outcome)
         attempt.advance(ready.checked, outcome)
 

@@ -2,10 +2,11 @@
 
 One Lance scan of a whole fragment decodes much of it before its first batch (a quarter of a
 second for 256 MB), while the model waits; a window (`offset`/`limit`, counted in live rows)
-yields its first batch at once. Windows grow 4x at a time up to READ_WINDOW_BYTES of data, so
-narrow rows still come in a few large scans and a wide row's window never stalls the model for
-long. Reads are READ_ROWS rows (small reads cost more than their rows), and calls are slices of
-them, joined where a call spans reads.
+yields its first batch at once. Windows grow 4x at a time up to READ_WINDOW_BYTES of data (or
+one call, when larger), so narrow rows still come in a few large scans and a wide row's window
+never stalls the model for long. Reads are as large as the calls (at least READ_ROWS rows: small
+reads cost more than their rows), so a call is a slice of one read; only a call that spans reads
+joins them, a copy.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import RefreshStopped
 
 ADDRESS = "_rowaddr"
 ROW_ID = "_rowid"  # the stable row id, read beside the address to name a failing row
-READ_ROWS = 1024  # rows read at once (or the first call's size when larger)
+READ_ROWS = 1024  # the fewest rows read at once: a read costs ~40 us whatever its rows
 READ_WINDOW_BYTES = 16 << 20  # the most data one scan window covers
 _OFFSET_MASK = 0xFFFFFFFF  # Lance addresses a row as `fragment id << 32 | physical offset`
 
@@ -56,15 +57,17 @@ def live_offset(fragment: lance.LanceFragment, physical: int) -> int:
     return int(np.searchsorted(row_offsets(addresses), physical))
 
 
-def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: int,
+def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: Callable[[], int],
                  stop: threading.Event, offset: int = 0) -> Iterator[pa.RecordBatch]:
-    """The fragment's live rows from live row `offset` on, with their row addresses, in reads of
-    `read_rows`, window by window; raises RefreshStopped once `stop` is set."""
-    window = read_rows
+    """The fragment's live rows from live row `offset` on, with their row addresses, window by
+    window, in reads of `read_rows()` rows (asked anew for each window: the calls' size, so a call
+    is one read's slice, not a copy joining reads); raises RefreshStopped once `stop` is set."""
+    window = read = max(READ_ROWS, read_rows())
     while True:
         got = nbytes = 0
-        for batch in fragment.scanner(columns=columns, batch_size=read_rows, with_row_address=True, with_row_id=True,
-                                      offset=offset, limit=window).to_batches():
+        for batch in fragment.scanner(columns=columns, batch_size=min(window, read),
+                                      with_row_address=True, with_row_id=True, offset=offset,
+                                      limit=window).to_batches():
             if stop.is_set():
                 raise RefreshStopped
             got += batch.num_rows
@@ -73,7 +76,9 @@ def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_ro
         if got < window:
             return
         offset += got
-        window = max(read_rows, min(window * 4, int(READ_WINDOW_BYTES * got / max(nbytes, 1))))
+        read = max(READ_ROWS, read_rows())
+        # A whole number of reads: the next window starts where a call starts.
+        window = max(read, min(window * 4, int(READ_WINDOW_BYTES * got / max(nbytes, 1))) // read * read)
 
 
 def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], start: int = 0,
@@ -99,9 +104,13 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
     for batch in reads:
         if not batch.num_rows:
             continue
-        offsets = row_offsets(batch.column(ADDRESS).to_numpy())
-        first = int(np.searchsorted(offsets, start)) if offsets[0] < start else 0
-        last = int(np.searchsorted(offsets, end)) if end is not None and offsets[-1] >= end else len(offsets)
+        addresses = batch.column(ADDRESS).to_numpy()
+        head, tail = (int(a) & _OFFSET_MASK for a in (addresses[0], addresses[-1]))
+        # The offsets of every row only where the range cuts the read (or a slice's rows count).
+        offsets = row_offsets(addresses) if head < start or (end is not None and tail >= end) or counted is not None \
+            else None
+        first = int(np.searchsorted(offsets, start)) if head < start else 0
+        last = int(np.searchsorted(offsets, end)) if end is not None and tail >= end else len(addresses)
         batch = batch.slice(first, last - first)
         if batch.num_rows:
             buffered.append(batch)
@@ -112,12 +121,13 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
                 weight = np.isin(offsets[first:last], counted, assume_unique=True)
                 weights.append(weight)
                 rows += int(np.count_nonzero(weight))
-        while buffered and (size := _call_size(call_rows(), rows, span, None if counted is None else weights)):
+        while buffered and (size := _call_size(call_rows(), rows, span, None if counted is None else weights,
+                                               buffered[0].num_rows)):
             call = _take(buffered, size)
             rows -= call.num_rows if counted is None else _drop_weights(weights, call.num_rows)
             span -= call.num_rows
             yield call
-        if last < len(offsets):
+        if last < len(addresses):
             break  # past the end: read no further
     if span:
         yield _take(buffered, span)
@@ -126,21 +136,29 @@ def cut_calls(reads: Iterator[pa.RecordBatch], call_rows: Callable[[], int], sta
 SPAN_ROWS = 64 * READ_ROWS  # the most rows one call spans when only some of them count (`cut_calls`)
 
 
-def _call_size(wanted: int, rows: int, span: int, weights: deque[np.ndarray] | None) -> int:
+def _call_size(wanted: int, rows: int, span: int, weights: deque[np.ndarray] | None, head: int) -> int:
     """How many buffered rows the next call takes, 0 while it must read on: `wanted` counted rows
     (`rows` of them buffered among `span` rows; `weights` say which count, None: all), or fewer
     counted rows once max(SPAN_ROWS, wanted) rows are buffered. A call is never cut at SPAN_ROWS
     when every row counts: a `batch_size` above it gets calls of its size.
 
-    >>> _call_size(262_144, 65_536, 65_536, None), _call_size(262_144, 262_144, 262_144, None)
+    When every row counts and the first buffered read (`head` rows) holds at least half of a call
+    that would span reads, the call is that read alone: joining reads copies every row, and after
+    one such call the reads start where calls start again (reads are as large as calls).
+
+    >>> _call_size(262_144, 65_536, 65_536, None, 65_536), _call_size(262_144, 262_144, 262_144, None, 262_144)
     (0, 262144)
-    >>> _call_size(4, 1, SPAN_ROWS, deque([np.array([True] + [False] * (SPAN_ROWS - 1))]))
+    >>> _call_size(262_144, 300_000, 300_000, None, 200_000), _call_size(262_144, 300_000, 300_000, None, 100_000)
+    (200000, 262144)
+    >>> _call_size(4, 1, SPAN_ROWS, deque([np.array([True] + [False] * (SPAN_ROWS - 1))]), SPAN_ROWS)
     65536
     """
     most = max(SPAN_ROWS, wanted)
     if rows < wanted and span < most:
         return 0
-    return wanted if weights is None else _counted_prefix(weights, wanted, most)
+    if weights is None:
+        return head if wanted // 2 <= head < wanted else wanted
+    return _counted_prefix(weights, wanted, most)
 
 
 def _counted_prefix(weights: deque[np.ndarray], wanted: int, most: int) -> int:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from lance.file import LanceFileWriter
 
 from ..function_spec.functions import FunctionDefinitionError
+from ..tags import SIG_COLUMN_KEY
 from .files import TableFiles
 
 
@@ -54,6 +55,26 @@ def file_field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ..
     return [f.id() for f in fields if (major, minor) < (2, 1) or not f.children()]
 
 
+# A signature is 64 random bits: Lance's compression finds nothing to save in it, and trying costs
+# about as much CPU as encoding the Function's own int64 output (bench/row_cost_bench.py).
+_UNCOMPRESSED = {"lance-encoding:compression": "none"}
+
+
+def file_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a new data file is written with: the signature columns (`SIG_COLUMN_KEY` names
+    the field itself) stored uncompressed; the dataset's own schema is left as it is.
+
+    >>> f = pa.field("_gpufn_sig_y", pa.uint64(), metadata={SIG_COLUMN_KEY: "_gpufn_sig_y"})
+    >>> file_schema(pa.schema([pa.field("y", pa.int64()), f])).field(1).metadata[b"lance-encoding:compression"]
+    b'none'
+    """
+    def encoded(field: pa.Field) -> pa.Field:
+        is_signature = (field.metadata or {}).get(SIG_COLUMN_KEY.encode()) == field.name.encode()
+        return field.with_metadata({**(field.metadata or {}), **_UNCOMPRESSED}) if is_signature else field
+
+    return pa.schema([encoded(f) for f in schema], metadata=schema.metadata)
+
+
 def data_file_name(prefix: str) -> str:
     """A new, unique data file name (`<prefix>-<uuid>.lance`)."""
     return f"{prefix}-{uuid.uuid4().hex}.lance"
@@ -67,7 +88,7 @@ class FragmentFileWriter:
         self.name = name
         self.schema = schema
         self.field_ids = file_field_ids(dataset, schema.names)
-        self.writer = LanceFileWriter(files.path(f"data/{self.name}"), schema, version=version,
+        self.writer = LanceFileWriter(files.path(f"data/{self.name}"), file_schema(schema), version=version,
                                       storage_options=files.storage_options or None)
         self.rows = 0
 

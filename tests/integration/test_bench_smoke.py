@@ -33,7 +33,8 @@ CASES = {
     "partition_bench.py": (["--rows", "2000", "--days", "10"], "partitions / one =", False),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
-    "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000"], "| gpufn_incremental |", False),
+    "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000", "--repeat", "1"], "| gpufn_incremental |", False),
+    "row_cost_bench.py": (["--rows", "3000", "--repeat", "1"], "| signatures |", False),
     "signature_bench.py": (["--rows", "1000"], "| int64 |", False),
     "sensor_refresh_bench.py": (["--appends", "1", "--rows", "5", "--table-rows", "20", "--sessions", "warm,load each time"],
                                 "| load each time / warm (p50)", False),
