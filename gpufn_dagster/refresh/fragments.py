@@ -38,7 +38,7 @@ from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
 from .plan import FragmentWork
 from .progress import Progress
-from .reads import ADDRESS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets
+from .reads import ADDRESS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets, split_address
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .slices import SLICE_FILE_PREFIX
@@ -214,7 +214,7 @@ class _Staged:
     @property
     def end(self) -> int:
         """The physical offset after its last row: where the next batch's output starts."""
-        return (int(self.addresses[-1]) & 0xFFFFFFFF) + 1
+        return split_address(int(self.addresses[-1]))[1] + 1
 
 
 def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, inside: np.ndarray | None) -> _Staged:
@@ -241,9 +241,9 @@ def _stage(attempt: Attempt, batch: pa.RecordBatch, start: int, new: bool, insid
         stored = batch.column(function.sig_column)
         stale_idx = np.flatnonzero(pc.fill_null(pc.not_equal(stored, pa.array(now)), True).to_numpy(
             zero_copy_only=False))
-        if pc.any(pc.equal(stored, pa.scalar(FAILED, stored.type))).as_py():
-            retried = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False).to_numpy(
-                zero_copy_only=False)
+        failed_before = pc.fill_null(pc.equal(stored, pa.scalar(FAILED, stored.type)), False)
+        if pc.any(failed_before).as_py():
+            retried = failed_before.to_numpy(zero_copy_only=False)
     if keep is not None:
         stale_idx = stale_idx[~keep[stale_idx]]
     values = None

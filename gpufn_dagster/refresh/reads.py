@@ -65,7 +65,7 @@ def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_ro
     window = read = max(READ_ROWS, read_rows())
     while True:
         got = nbytes = 0
-        for batch in fragment.scanner(columns=columns, batch_size=min(window, read),
+        for batch in fragment.scanner(columns=columns, batch_size=read,
                                       with_row_address=True, with_row_id=True, offset=offset,
                                       limit=window).to_batches():
             if stop.is_set():
