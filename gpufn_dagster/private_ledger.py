@@ -56,9 +56,17 @@ from dagster._core.instance.ref import InstanceRef
 from dagster._core.origin import RepositoryPythonOrigin
 from dagster._grpc.types import ExecuteRunArgs
 from dagster._utils.hosted_user_process import recon_repository_from_origin
+# ... with the load data its code server kept for the run (`execute_run` reads it from the run's
+# execution plan snapshot; a warm run worker loads with the same, so it reads no table again).
+from dagster._core.definitions.repository_definition import RepositoryLoadData
 # What Dagster's run worker sets in its environment before its first step (its Snowflake partner
 # name): a warm run worker sets it before starting its step forkserver, so the steps inherit the same.
 from dagster._core.snowflake_partner import set_snowflake_partner_env_var
+# What a code server read while defining the code location, kept for the processes that reconstruct
+# it (a run worker, its step processes): Dagster's reconstruction metadata, as its state-backed
+# definitions use it; the load context is not exported (`Definitions.with_reconstruction_metadata`
+# is, but only writes, and only onto a Definitions object).
+from dagster._core.definitions.definitions_load_context import DefinitionsLoadContext, DefinitionsLoadType
 
 
 def reuse_alembic_scripts() -> None:
@@ -153,6 +161,23 @@ def stop_forkserver() -> None:
     server._stop()
 
 
+def kept_at_definition(key: str) -> str | None:
+    """What the process that defined this code location kept under `key` (`keep_for_reconstruction`),
+    in a process reconstructing it (a run worker, a step process); None in one defining it (a code
+    server, `dagster dev`, a plain import) or when nothing was kept."""
+    context = DefinitionsLoadContext.get()
+    if context.load_type != DefinitionsLoadType.RECONSTRUCTION:
+        return None
+    return context.reconstruction_metadata.get(key)
+
+
+def keep_for_reconstruction(key: str, value: str) -> None:
+    """Keep `value` in the code location's reconstruction metadata under `key`: the run workers and
+    step processes of its runs find it with `kept_at_definition`. Outside a definitions load (a plain
+    import) there is no code location to keep it in, and nothing is kept."""
+    DefinitionsLoadContext.get().add_to_pending_reconstruction_metadata(key, value)
+
+
 @dataclass(frozen=True)
 class Reach:
     """One reach into a library's private parts: what, where, why, what breaks, and its check."""
@@ -234,14 +259,22 @@ REACHES: tuple[Reach, ...] = (
                        "self._get_step_key(")),
     Reach("lancedb", "a udf's _function (udf_function)", "function_spec.target",
           "a Function declared with lancedb.udf computes with the function it wraps", _udf_keeps_function),
+    Reach("dagster", "DefinitionsLoadContext: load_type, reconstruction_metadata, add_to_pending_reconstruction_metadata "
+          "(kept_at_definition, keep_for_reconstruction)", "assets.table_schemas",
+          "the tables' schemas a code server read are checked again in run workers and steps without opening a table",
+          _has("dagster._core.definitions.definitions_load_context:DefinitionsLoadContext", "load_type",
+               "reconstruction_metadata", "add_to_pending_reconstruction_metadata", "get_pending_reconstruction_metadata")),
+    Reach("dagster", "RepositoryLoadData; ReconstructableRepository.with_repository_load_data", "embedded.warm_worker",
+          "a warm run worker loads its code location with what the code server kept, opening no table it read",
+          _has("dagster._core.definitions.reconstruct:ReconstructableRepository", "with_repository_load_data")),
     Reach("CPython", "multiprocessing.forkserver._forkserver, ._forkserver_pid, ._stop() (stop_forkserver)",
           "embedded.forkserver", "a forkserver started ahead that no longer fits the run is stopped",
           _forkserver_private),
 )
 
 
-__all__ = ["DATA_VERSION_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryPythonOrigin", "execute_run_main",
+__all__ = ["DATA_VERSION_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryLoadData", "RepositoryPythonOrigin", "execute_run_main",
            "reuse_alembic_scripts",
            "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "process_config", "HoldsInstance", "note_launched",
-           "k8s_api_host", "adopt_step_handler", "step_key_of", "udf_function", "stop_forkserver", "Reach", "REACHES"]
+           "k8s_api_host", "adopt_step_handler", "kept_at_definition", "keep_for_reconstruction", "step_key_of", "udf_function", "stop_forkserver", "Reach", "REACHES"]

@@ -66,6 +66,9 @@ DECLARED_IN_METADATA_KEY = PREFIX + "declared-in"
 READS_METADATA_KEY = PREFIX + "reads"  # the Functions whose columns it reads (set by build_definitions)
 # In the instance's key-value store: the capacity watcher's last tick's gauges per class (`run.gauges`).
 CLASS_GAUGES_KEY = PREFIX + "class-gauges"
+# In a code location's reconstruction metadata: the schemas of one database's tables as the code
+# server read them (`assets.table_schemas`), followed by the database's URI.
+TABLE_SCHEMAS_KEY = PREFIX + "table_schemas:"
 # Materialization metadata a sensor reads back: the version of the table a Function's refresh read
 # (`reporting`), and the source version a materialized view was refreshed from (`views`).
 TABLE_VERSION_BEFORE_KEY = "table_version_before"

@@ -30,6 +30,7 @@ from .asset_spec import declared_in, function_of, reads_metadata
 from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
 from .table_partitions import observes_rows, rows_asset_key, table_rows_assets
+from .table_schemas import table_schemas
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -89,25 +90,26 @@ def with_table_uri(asset: Any, db_uri: str) -> Any:
 
 def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
     """Every Function's table exists (or an asset here produces it) and has the Function's inputs
-    (or another Function here computes them), each of a type that can be an input."""
-    db = lancedb.connect()
-    db_uri = lancedb.uri
-    existing = lancedb.table_names(db)
+    (or another Function here computes them), each of a type that can be an input.
+
+    The schemas come from `table_schemas`: read once per table where the code location is defined,
+    and in a run worker or step process from what that read kept, without opening the database."""
     keys = {key for asset in assets if isinstance(asset, dg.AssetsDefinition) for key in asset.keys}
     functions = list(_functions(assets).values())
+    schemas = table_schemas(lancedb, {function.table for function in functions})
     problems = []
     for asset in assets:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         if function is None:
             continue
         where = f"{declared_in(asset)}: " if declared_in(asset) else ""
-        if function.table not in existing:
+        schema = schemas[function.table]
+        if schema is None:
             if function.source_key not in keys:
                 problems.append(f"{where}Function {function.name!r}: field 'table': table {function.table!r} does not "
-                                f"exist in {db_uri} and no asset here produces it; tables: "
-                                f"{', '.join(sorted(existing)) or '(none)'}")
+                                f"exist in {lancedb.uri} and no asset here produces it; tables: "
+                                f"{', '.join(sorted(lancedb.table_names())) or '(none)'}")
             continue
-        schema = db.open_table(function.table).schema
         columns = [n for n in schema.names if not n.startswith("_gpufn")]
         computed = {c for u in upstream_functions(function, functions) for c in u.columns}
         missing = [c for c in function.inputs if c not in columns and c not in computed]

@@ -47,11 +47,12 @@ from .warm_worker import MODULE
 class WarmWorker:
     """The launcher's handle on one warm run worker process: started for a code location, handed one run."""
 
-    def __init__(self, origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_name: str):
+    def __init__(self, origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_name: str, run_id: str):
+        """`run_id`: the run whose launch starts it; it loads the code location with that run's load data."""
         ready_r, ready_w = os.pipe()
         self.started = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", MODULE, serialize_value(origin), serialize_value(instance_ref),
-                                         location_name, str(ready_w)],
+                                         location_name, run_id, str(ready_w)],
                                         stdin=subprocess.PIPE, pass_fds=(ready_w,), text=True)
         os.close(ready_w)
         self._ready = os.fdopen(ready_r)
@@ -131,7 +132,7 @@ class GpuLocalRunLauncher(HoldsInstance, DefaultRunLauncher):
         key = serialize_value(repository) + location
 
         def start() -> WarmWorker:
-            return WarmWorker(repository, self.instance.get_ref(), location)
+            return WarmWorker(repository, self.instance.get_ref(), location, run.run_id)
 
         with self._lock:
             worker = self._next.pop(key, None)

@@ -30,6 +30,8 @@ CASES = {
     "tokenizer_split_bench.py": (["{tmp}/carry/minilm"], "rows/s", False),
     "fanout_bench.py": (["--rows", "1200", "--workers", "1,2", "--storage-rows", "2000", "--plan-rows", "20000"],
                         "|", True),
+    "load_bench.py": (["--repeat", "1", "--functions", "2,3", "--out", "{tmp}/load.json"], "| reconstruct (run worker, step) |",
+                      False),
     "partition_bench.py": (["--rows", "2000", "--days", "10"], "partitions / one =", False),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
