@@ -349,7 +349,8 @@ class ColumnRefresh:
                     raise CommitRacesLost(f"refresh of {function.name!r} lost {_COMMIT_ATTEMPTS} commit races in a "
                                           "row to concurrent writers of the same fragments (compaction?); run it again")
             with self._commit_lock():
-                settle_state(files, function.sig_column, state, content_keys(dataset, function), _files_in_use(dataset))
+                settle_state(files, function.sig_column, state, content_keys(dataset, function),
+                             lambda: _files_in_use(dataset))
             files_removed = worker.written.settle(dataset)
             worker.store.clear()
         self._report(progress)

@@ -19,6 +19,7 @@ column that commit one after another (under their commit lock) never drop each o
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .files import TableFiles
@@ -49,15 +50,17 @@ def save_state(files: TableFiles, sig_column: str, state: ColumnState) -> None:
 
 
 def settle_state(files: TableFiles, sig_column: str, learned: ColumnState, current_keys: set[str] | None = None,
-                 in_use: set[str] | None = None) -> None:
+                 in_use: Callable[[], set[str]] | None = None) -> None:
     """Merge what a refresh learned into the latest saved state and drop entries about fragments or
     files that are gone (a slice's entry lives as long as its fragment's content key); None keeps
-    them all (before a commit, when what is current is about to change).
+    them all (before a commit, when what is current is about to change). `in_use` lists the
+    table's data files, asked only when some file holds failed rows: listing them costs a call per
+    file of every Function on the table, so a refresh without failures pays nothing for its siblings.
 
     >>> import tempfile; from gpufn_dagster.refresh.files import TableFiles
     >>> files = TableFiles(tempfile.mkdtemp() + "/t.lance")
     >>> save_state(files, "s", ColumnState({"a_1"}, set()))
-    >>> settle_state(files, "s", ColumnState({"b", "c_2"}, {"f"}), current_keys={"a", "b"}, in_use={"f"})
+    >>> settle_state(files, "s", ColumnState({"b", "c_2"}, {"f"}), current_keys={"a", "b"}, in_use=lambda: {"f"})
     >>> state = load_state(files, "s")
     >>> sorted(state.verified), state.failed_files
     (['a_1', 'b'], {'f'})
@@ -65,4 +68,4 @@ def settle_state(files: TableFiles, sig_column: str, learned: ColumnState, curre
     latest = load_state(files, sig_column)
     verified = {k for k in latest.verified | learned.verified if current_keys is None or k.split("_")[0] in current_keys}
     failed = latest.failed_files | learned.failed_files
-    save_state(files, sig_column, ColumnState(verified, failed if in_use is None else failed & in_use))
+    save_state(files, sig_column, ColumnState(verified, failed & in_use() if failed and in_use is not None else failed))

@@ -37,6 +37,8 @@ CASES = {
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000", "--repeat", "1"], "| gpufn_incremental |", False),
     "row_cost_bench.py": (["--rows", "3000", "--repeat", "1"], "| signatures |", False),
+    "siblings_bench.py": (["--rows", "20000", "--siblings", "1,2", "--repeat", "1", "--out", "{tmp}/siblings.json"],
+                          "| its refresh after a 0.1 % append |", False),
     "signature_bench.py": (["--rows", "1000"], "| int64 |", False),
     "sensor_refresh_bench.py": (["--appends", "1", "--rows", "5", "--table-rows", "20", "--sessions", "warm,load each time"],
                                 "| load each time / warm (p50)", False),
