@@ -1,7 +1,7 @@
 """Many Functions on one table: one Function's refresh, and a reader's scans, on a table that holds
 1 and 50 other Functions' columns (each with its input signature column and its own data file per
 fragment), side by side in one run as ratios 50 / 1; the readers beside a plain Lance table of the
-same values without gpufn's bookkeeping; then the same table after Lance's compaction.
+same values without gpufn's bookkeeping; then the same table after gpufn compacted its Function files.
 
 Each table: `--rows` rows (`id`, `x` int64) in 10 fragments, stable row ids, and `--siblings`
 Functions `s<k> = x + k` filled by gpufn. Each measurement runs in a fresh process and reports wall
@@ -12,7 +12,9 @@ and process CPU seconds (every thread), medians of `--repeat` interleaved rounds
   signatures);
 - first fill: one more Function `y<r> = x * 2` over every row (a fresh column each round), and
   that Function's refresh after a 0.1 % append (its 0.1 % only);
-- files per fragment, and the values' scan after `compact_files()` (what `table.optimize()` runs).
+- files per fragment, then gpufn's compaction of the Function files (`refresh.compaction`, what a
+  refresh does once a fragment holds more than `max_function_files`; here forced at 1) and the
+  values' scan after it. The tables are built and refreshed with compaction off, as they pile up.
 
     .venv/bin/python bench/siblings_bench.py --rows 1000000 --siblings 1,50 --repeat 3
 
@@ -53,8 +55,14 @@ if what in ("fill", "incremental"):
         lance.write_dataset(pa.table({"id": pa.array(np.arange(start, start + n)), "x": pa.array(np.arange(n))}), uri,
                             mode="append")
     c, w = cpu(), time.perf_counter()
-    result = refresh_column(uri, function)
+    result = refresh_column(uri, function, max_function_files=None)
     out = {"rows": result.rows_computed}
+elif what == "compact":
+    from gpufn_dagster.refresh.compaction import compact_function_files
+    from gpufn_dagster.refresh.files import TableFiles
+    c, w = cpu(), time.perf_counter()
+    done = compact_function_files(TableFiles(uri), max_files=int(arg))
+    out = {"rows": lance.dataset(uri).count_rows(), "fragments": done.fragments, "files_before": done.files_before}
 elif what == "scan":
     c, w = cpu(), time.perf_counter()
     table = lance.dataset(uri).to_table(columns=None if arg == "all" else arg.split(","))
@@ -88,7 +96,8 @@ def build(uri: str, rows: int, siblings: int) -> None:
 
     for k in range(siblings):
         plus = adding(k)
-        refresh_column(uri, make_function(plus, table="t", column=f"s{k}", output_type=pa.int64(), batch_size=262144))
+        refresh_column(uri, make_function(plus, table="t", column=f"s{k}", output_type=pa.int64(), batch_size=262144),
+                       max_function_files=None)  # piled up as they were before gpufn compacted them
 
 
 def plain(uri: str, source: str) -> None:
@@ -142,11 +151,9 @@ def main() -> None:
             runs.setdefault(("first fill of one more Function", n), []).append(child(uris[n], "fill", f"y{r}"))
             runs.setdefault(("its refresh after a 0.1 % append", n), []).append(child(uris[n], "incremental", f"y{r}"))
             print(f"round {r + 1}, {n} siblings", flush=True)
-    import lance
-
-    for n in counts:  # Lance's compaction: what `table.optimize()` runs on the files
-        lance.dataset(uris[n]).optimize.compact_files()
-        runs[("scan the values, after compact_files()", n)] = [child(uris[n], "scan", values[n]) for _ in range(args.repeat)]
+    for n in counts:  # gpufn's compaction of the Function files (what a refresh does past its bound)
+        runs[("gpufn's compaction (every Function file of a fragment made one)", n)] = [child(uris[n], "compact", "1")]
+        runs[("scan the values, after the compaction", n)] = [child(uris[n], "scan", values[n]) for _ in range(args.repeat)]
     compacted = {n: files_per_fragment(uris[n]) for n in counts}
     small, big = min(counts), max(counts)
     rows = [{"case": case, "siblings": s, "wall_seconds": median(v, "wall_seconds"), "cpu_seconds": median(v, "cpu_seconds"),
@@ -162,13 +169,13 @@ def main() -> None:
         print(f"| {case} | {a['wall_seconds']:.3f} / {a['cpu_seconds']:.3f} | {b['wall_seconds']:.3f} / {b['cpu_seconds']:.3f} "
               f"| {b['wall_seconds'] / a['wall_seconds']:.2f} | {b['cpu_seconds'] / a['cpu_seconds']:.2f} |")
     print("\n| siblings | files per fragment (as built) | scan the values: gpufn / plain (CPU) | every column / plain values (CPU) "
-          "| after compact_files(): files per fragment | values / plain (CPU) |")
+          "| after the compaction: files per fragment | values / plain (CPU) |")
     print("|---|---|---|---|---|---|")
     for n in counts:
         plain_values = keyed[("scan the values (plain table)", n)]["cpu_seconds"]
         print(f"| {n} | {files[n]:.1f} | {keyed[('scan the values (id, x, every s)', n)]['cpu_seconds'] / plain_values:.2f} "
               f"| {keyed[('scan every column (values + signatures)', n)]['cpu_seconds'] / plain_values:.2f} "
-              f"| {compacted[n]:.1f} | {keyed[('scan the values, after compact_files()', n)]['cpu_seconds'] / plain_values:.2f} |")
+              f"| {compacted[n]:.1f} | {keyed[('scan the values, after the compaction', n)]['cpu_seconds'] / plain_values:.2f} |")
     shutil.rmtree(base, ignore_errors=True)
 
 

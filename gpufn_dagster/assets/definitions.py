@@ -25,8 +25,7 @@ from ..refresh.signature import unsupported_reason
 from .executor import gpu_classes_executor
 from ..run.gauges import CAPACITY_SENSOR, capacity_specs
 from ..function_spec.functions import Function
-from ..tags import READS_METADATA_KEY
-from .asset_spec import declared_in, function_of, reads_metadata
+from .asset_spec import declared_in, function_of
 from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
 from .table_partitions import observes_rows, rows_asset_key, table_rows_assets
@@ -68,13 +67,11 @@ def chain_functions(assets: Sequence[Any]) -> list[Any]:
         upstream = upstream_functions(function, list(functions.values())) if function else []
         keys = [key for key, other in functions.items() if any(other is u for u in upstream)]
         observed = [rows_asset_key(function)] if function is not None and observes_rows(function) else []
-        if (keys or observed) and function.options.workers > 1:  # a graph asset: its dependencies are fixed when it is made
+        if keys or observed:  # made again with them: a dependency added to a made asset
+            # (`map_asset_specs`) shows in the asset graph but never orders the steps of a run (Dagster
+            # 1.13 gives the op the input and not its asset key), so a Function ran beside the one it reads
             asset = function_asset(function, declared_in=declared_in(asset),
                                    upstream={k: functions[k] for k in keys}, observed=observed)
-        elif keys or observed:
-            asset = asset.map_asset_specs(lambda spec, up=[*keys, *observed], read=tuple(upstream): spec.replace_attributes(
-                deps=[*spec.deps, *(dg.AssetDep(k) for k in up if k not in {d.asset_key for d in spec.deps})],
-                metadata={**spec.metadata, **({READS_METADATA_KEY: reads_metadata(read)} if read else {})}))
         out.append(asset)
     return out
 

@@ -253,6 +253,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["oom_splits"] = result.oom_splits
         metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
     metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
+    if result.fragments_compacted:
+        metadata["fragments_compacted"] = result.fragments_compacted
     if result.versions_published:
         metadata["versions_published"] = result.versions_published
     metadata.update(failed_rows_table(result.errors, function.table, function.name))

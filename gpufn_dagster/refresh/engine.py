@@ -34,6 +34,7 @@ No scheduler of our own: the steps of a fanned-out refresh are Dagster steps of 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -50,6 +51,7 @@ from ..function_spec.functions import Function
 from .columns import ensure_columns
 from .checkpoint import CheckpointStore
 from .commit import Publisher, commit_groups, state_after
+from .compaction import compact_function_files
 from .files import TableFiles
 from .fragments import PREFETCH, Attempt, FragmentResult, Outcome, assemble_fragment, compute_fragments, \
     refresh_fragment, refresh_range
@@ -66,6 +68,7 @@ from .state import ColumnState, load_state, settle_state
 from .upstream import check_upstream
 from .worker import FunctionInstance, InstanceSource, Worker
 
+_log = logging.getLogger(__name__)
 _COMMIT_ATTEMPTS = 5
 # A refresh spread over steps holds its lease between them too, while a shard's pod may wait for a
 # GPU node: renewed while a step runs, it lapses this long after the last step of a killed run.
@@ -96,6 +99,10 @@ class RefreshOptions:
             refresh side by side.
         keep_rows: keep the addresses of the rows given a value (`RefreshResult.computed_rows`), for
             a caller that reports them per part of `where` (a single-run backfill's partitions).
+        max_function_files: after its commit, a fragment holding more Function files than this
+            (one per Function on the table) gets them made one file (`compaction`), when no refresh
+            of the table is in flight. None (the default) never compacts: measured in fresh reader
+            processes, a compacted table's values read slower, not faster (BENCHMARKS.md).
 
     >>> RefreshOptions(concurrency=2, upstream=[]).upstream
     ()
@@ -113,6 +120,7 @@ class RefreshOptions:
     instances: InstanceSource = FunctionInstance
     where: str | None = None
     keep_rows: bool = False
+    max_function_files: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream", tuple(self.upstream))
@@ -368,7 +376,20 @@ class ColumnRefresh:
             first_values_seconds=None if progress.first_values_at is None else progress.first_values_at - started,
             first_call_seconds=progress.first_call_seconds,
             fragments_left=sum(r.incomplete for r in results), versions_published=published,
+            fragments_compacted=self._compact(),
         )
+
+    def _compact(self) -> int:
+        """Once this refresh let go of its lease: the Function files of fragments where they piled up
+        made one file each (`compaction`); how many fragments."""
+        if self.options.max_function_files is None:
+            return 0
+        try:
+            return compact_function_files(self.files, self.options.max_function_files).fragments
+        except Exception as error:  # noqa: BLE001 -- the refresh committed: it does not fail for upkeep
+            _log.warning("%s: the Function files of %s were left as they are (compacting them failed: %s)",
+                         self.function.name, self.files.uri, error)
+            return 0
 
 
 def _joined(parts: list[np.ndarray] | None) -> np.ndarray | None:

@@ -145,6 +145,20 @@ class ColumnLease:
         self._renewer = threading.Thread(target=self._renew, name="gpufn-lease", daemon=True)
         self._renewer.start()
 
+    def try_acquire(self) -> bool:
+        """Take the lease only if no one holds it (none yet, released, or void), without waiting;
+        renewed while held, as after `acquire`. False: a refresh holds it now."""
+        generations = self._generations()
+        if generations:
+            current = self._read(generations[-1])
+            if current is None or self._void(current) is None:  # held (or being taken) now
+                return False
+        if not self._take(generations[-1] + 1 if generations else 1):
+            return False
+        self._renewer = threading.Thread(target=self._renew, name="gpufn-lease", daemon=True)
+        self._renewer.start()
+        return True
+
     def _still_held(self) -> bool:
         current = self._read(self.generation) if self.generation is not None else None
         return (current is not None and current.get("token") == self.token

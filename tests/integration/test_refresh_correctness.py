@@ -292,6 +292,28 @@ def test_a_function_reading_another_functions_column_runs_after_it(db_uri):
     assert column(db_uri, "word_len", "docs")[2] == 7
 
 
+def test_a_run_of_chained_functions_computes_the_one_read_first_whatever_their_names(db_uri):
+    """The Function read is a step the reader's step waits for, in the job Dagster builds (a run of
+    both from the CLI or the UI): here the reader's name sorts first, so a run that ordered them by
+    name alone, or started both at once, fails it."""
+    create(db_uri, docs(12), "docs")
+    upstream = gpu_function(table="docs", column="z_word")(first_word)
+
+    def a_len(z_word: str) -> int:
+        CALLS.append(("length", z_word))
+        return len(z_word)
+
+    reader = gpu_function(table="docs", column="a_len")(a_len)
+    defs = build_definitions(assets=[reader, upstream], db_uri=db_uri)
+    job = defs.resolve_implicit_global_asset_job_def()
+    assert "docs__z_word" in {d.node for d in job.graph.dependencies[dg.NodeInvocation("docs__a_len")].values()}
+    result = dg.materialize(list(defs.assets), resources=defs.resources, instance=dg.DagsterInstance.ephemeral(),
+                            raise_on_error=False)
+    assert result.success
+    assert [c[0] for c in CALLS] == ["first"] * 12 + ["length"] * 12
+    assert column(db_uri, "a_len", "docs")[7] == len(column(db_uri, "z_word", "docs")[7])
+
+
 def test_refresh_column_refuses_an_upstream_column_never_computed(tmp_path):
     uri = str(tmp_path / "docs.lance")
     lance.write_dataset(docs(10), uri)
