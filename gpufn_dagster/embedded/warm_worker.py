@@ -68,26 +68,32 @@ def prepare(origin: RepositoryPythonOrigin, instance_ref: InstanceRef, location_
 
 
 def run(input_json: str, files: dict[str, tuple[int, int]], loaded_with: RepositoryLoadData | None) -> None:
-    """Execute the run as `dagster api execute_run` does, unless the code changed since it loaded
-    or the run's code location was defined with other load data than it loaded with."""
+    """Execute the run as `dagster api execute_run` does, or be replaced by that command when what
+    this worker loaded no longer fits the run (`afresh`)."""
     args = deserialize_value(input_json, ExecuteRunArgs)
-    stale = changed(files)
-    if args.instance_ref is not None:
-        with DagsterInstance.from_ref(args.instance_ref) as instance:
-            why = None
-            if stale:
-                why = (f"loaded the code before {len(stale)} of its files changed "
-                       f"({', '.join(Path(p).name for p in stale[:3])}{', ...' if len(stale) > 3 else ''})")
-            elif serialize_value(load_data(instance, args.run_id)) != serialize_value(loaded_with):
-                why = "loaded the code location as its code server defined it before it reloaded"
-            if why:
-                instance.report_engine_event(
-                    f"The warm run worker (pid {os.getpid()}) {why}, so it starts afresh.",
-                    instance.get_run_by_id(args.run_id), EngineEventData({"Changed files": "\n".join(stale)}))
-                os.execv(sys.executable, [sys.executable, "-m", "dagster", "api", "execute_run", input_json])
-    elif stale:
+    if afresh(args, changed(files), loaded_with):
         os.execv(sys.executable, [sys.executable, "-m", "dagster", "api", "execute_run", input_json])
     execute_run_main(input_json)
+
+
+def afresh(args: ExecuteRunArgs, stale: list[str], loaded_with: RepositoryLoadData | None) -> bool:
+    """Whether the run must start in a fresh process, said in its log: source files changed since
+    this worker loaded them, or its code location was defined with other load data (the code server
+    reloaded meanwhile)."""
+    if args.instance_ref is None:
+        return bool(stale)
+    with DagsterInstance.from_ref(args.instance_ref) as instance:
+        if stale:
+            why = (f"loaded the code before {len(stale)} of its files changed "
+                   f"({', '.join(Path(p).name for p in stale[:3])}{', ...' if len(stale) > 3 else ''})")
+        elif serialize_value(load_data(instance, args.run_id)) != serialize_value(loaded_with):
+            why = "loaded the code location as its code server defined it before it reloaded"
+        else:
+            return False
+        instance.report_engine_event(f"The warm run worker (pid {os.getpid()}) {why}, so it starts afresh.",
+                                     instance.get_run_by_id(args.run_id),
+                                     EngineEventData({"Changed files": "\n".join(stale)}))
+        return True
 
 
 def main(origin_json: str, instance_ref_json: str, location_name: str, run_id: str, ready_fd: int) -> None:

@@ -154,8 +154,9 @@ def compact_function_files(files: TableFiles, max_files: int = MAX_FUNCTION_FILE
     # Indexes are read only when files piled up: every refresh asks, few find any.
     if not piled(names) or not (name_of := piled([n for n in names if n not in indexed_columns(dataset)])):
         return Compaction(skipped=f"no fragment holds more than {max_files} Function files")
-    in_use = sorted({name.split("/")[0] for name in files.names("_gpufn/leases")})
-    scopes = sorted(set(lease_scopes(dataset.schema)) | {s for s in in_use if s.split("@")[0] in lease_scopes(dataset.schema)})
+    columns = set(lease_scopes(dataset.schema))  # and each slice's lease in use (`slices.scope`: column@slice)
+    in_use = {name.split("/")[0] for name in files.names("_gpufn/leases")}
+    scopes = sorted(columns | {scope for scope in in_use if scope.split("@")[0] in columns})
     leases: list[ColumnLease] = []
     written = WrittenFiles(files, "compaction")
     committed = False
@@ -176,7 +177,7 @@ def compact_function_files(files: TableFiles, max_files: int = MAX_FUNCTION_FILE
             merged = _merged_file(files, dataset, fragment, positions, name_of, written)
             merged_files.append(merged)
             before += len(positions)
-            kept = [f for i, f in enumerate(fragment.files) if i not in set(positions)]
+            kept = [f for i, f in enumerate(fragment.files) if i not in positions]
             replaced.append(dataclasses.replace(fragment, files=[*kept, merged]))
         if not merged_files:
             return Compaction(skipped=f"no fragment holds more than {max_files} Function files")
