@@ -1,10 +1,24 @@
-"""One capacity-watcher tick over N waiting GPU runs, on the real control plane (kube-apiserver +
-kube-scheduler + KWOK from tools/k8s/build.sh) and a real Dagster instance stored in SQLite and
-in PostgreSQL (Debian's server, dagster-postgres), side by side in one run, with the per-run
-approach beside each (one pod read + one event list per run, what dagster-k8s's health and
-debug-info calls do).
+"""The capacity watcher's ticks over N waiting GPU runs, N = 1,000 and 10,000 side by side in one
+run, on the real control plane (kube-apiserver + kube-scheduler + KWOK from tools/k8s/build.sh)
+with 1,000 nodes of four GPU classes, and a real Dagster instance in PostgreSQL (Debian's server,
+dagster-postgres; `--storage sqlite` for a consolidated SQLite event database instead).
 
-    .venv/bin/python bench/capacity_bench.py --runs 1000
+    .venv/bin/python bench/capacity_bench.py --runs 1000,10000 --nodes 1000
+
+Every GPU node (one GPU each) is taken by a pod that is not a run's, so each run's pod is
+Unschedulable for want of room (`Insufficient nvidia.com/gpu` on its class's nodes, node selector
+mismatches on the others'). Per N, in a namespace and a database of its own:
+
+- the tick in which all N start waiting (each run's tags, wait event and estimate are written
+  first in line first until the tick's write budget, `write_budget.WRITE_SECONDS`, is spent; the
+  rest on the next ticks), and how many ticks until every run was told;
+- the steady tick (nothing changed) twice;
+- a tick in which each class's line moves (one GPU freed per class: its first run is scheduled,
+  the others move up one place);
+- the per-run alternative a user would reach for, what dagster-k8s's health check and debug info
+  do (one pod read and one event list per run), on 1,000 runs and scaled to N.
+
+Wall and this process's CPU seconds for each, and the ratio of N = 10,000 to N = 1,000.
 """
 
 from __future__ import annotations
@@ -12,97 +26,152 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import kubernetes
 from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
-from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.class_files import load_gpu_classes
-from gpufn_dagster.tags import run_gpu_tags
+from gpufn_dagster.run.k8s.watch import CapacityWatcher
+from gpufn_dagster.tags import CAPACITY_TAG, CLASS_LABEL, COUNT_LABEL, run_gpu_tags
 from gpufn_devcluster.cluster import DevCluster, binaries_dir
+from gpufn_devcluster.nodes import cpu_nodes, gpu_nodes
 from gpufn_devcluster.postgres import Postgres
+from size_table import print_sizes  # bench/, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
+CLASSES = ("default", "l4", "a100-80gb", "h100-80gb")
 
 
-def pending_pod(run_id: str) -> dict:
-    """A GPU run worker pod of class a100-80gb that cannot be placed (its pool has no node here)."""
+def run_pod(run_id: str, gpu_class, namespace: str) -> dict:
+    """A GPU run worker pod of `gpu_class` asking for one GPU, as the launcher labels it."""
     name = f"dagster-run-{run_id}"
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"dagster/run-id": run_id, "job-name": name,
-                                                  "gpufn.dev/gpu-class": "a100-80gb"}},
-            "spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}, "restartPolicy": "Never",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"dagster/run-id": run_id, "job-name": name, CLASS_LABEL: gpu_class.name,
+                                    COUNT_LABEL: "1"}},
+            "spec": {"nodeSelector": dict(gpu_class.node_selector), "restartPolicy": "Never",
+                     "tolerations": [t.to_k8s() for t in gpu_class.tolerations],
                      "containers": [{"name": "dagster", "image": "img",
-                                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+                                     "resources": {"limits": {gpu_class.resource_name: "1"}}}]}}
 
 
-def measure(cluster: DevCluster, classes: dict, instance, namespace: str, runs: int) -> dict[str, float]:
-    """Seconds of each tick over `runs` waiting runs of `instance`, their pods in `namespace`."""
+def taker(node: str) -> dict:
+    """A pod that is not a run's, bound to `node`, taking its one GPU."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"take-{node}"},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "c", "image": "img", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+def timed(fn) -> tuple[float, float, object]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, result
+
+
+def measure(cluster: DevCluster, classes: dict, instance, namespace: str, runs: int,
+            gpu_nodes_by_class: dict[str, list[str]]) -> dict[str, tuple[float, float, str]]:
+    """(wall s, CPU s, note) of each tick over `runs` waiting runs of `instance`, their pods in `namespace`."""
     client = cluster.api_client()
     core, batch = kubernetes.client.CoreV1Api(client), kubernetes.client.BatchV1Api(client)
     core.create_namespace({"metadata": {"name": namespace}})
-    run_ids = []
-    for _ in range(runs):
+    core.create_namespace({"metadata": {"name": f"{namespace}-takers"}})
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda node: core.create_namespaced_pod(f"{namespace}-takers", taker(node)),
+                      [n for nodes in gpu_nodes_by_class.values() for n in nodes]))
+    started = time.perf_counter()
+    run_ids: list[str] = []
+    for i in range(runs):
+        gpu_class = classes[CLASSES[i % len(CLASSES)]]
         run = create_run_for_test(instance, job_name="gpu", status=DagsterRunStatus.STARTING,
-                                  tags={"gpufn/placement": "gpu", **run_gpu_tags("a100-80gb", 2)})
+                                  tags={"gpufn/placement": "gpu", **run_gpu_tags(gpu_class.name, 1)})
         run_ids.append(run.run_id)
-        core.create_namespaced_pod(namespace, pending_pod(run.run_id))
-    deadline = time.monotonic() + 600
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda pair: core.create_namespaced_pod(namespace, run_pod(pair[0], pair[1], namespace)),
+                      [(run_id, classes[CLASSES[i % len(CLASSES)]]) for i, run_id in enumerate(run_ids)]))
+    deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(namespace, label_selector="gpufn.dev/gpu-class").items
-        if sum(any(c.reason == "Unschedulable" for c in p.status.conditions or []) for p in pods) == runs:
+        pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod(namespace, _preload_content=False)
+        text = pods.data.decode()
+        if text.count('"reason":"Unschedulable"') >= runs:
+            break
+        time.sleep(5)
+    print(f"  {runs} runs and pods made, all Unschedulable, in {time.perf_counter() - started:.0f} s", flush=True)
+    watcher = CapacityWatcher(instance, core, batch, classes, namespace, deadline_seconds=120)
+    out: dict[str, tuple[float, float, str]] = {}
+
+    def told() -> int:
+        return sum(1 for r in instance.get_runs() if r.tags.get(CAPACITY_TAG) == "waiting")
+
+    wall, cpu, report = timed(watcher.tick)
+    waiting = sum(r.waiting for r in report.classes.values())
+    assert waiting == runs, report.summary()
+    out["first tick (all start waiting)"] = (wall, cpu, f"{told()} of {runs} told, {report.left_out} updates left")
+    ticks, total_wall, total_cpu = 1, wall, cpu
+    while report.left_out:
+        wall, cpu, report = timed(watcher.tick)
+        ticks, total_wall, total_cpu = ticks + 1, total_wall + wall, total_cpu + cpu
+    out["ticks until every run was told"] = (total_wall, total_cpu, f"{ticks} tick(s), {told()} of {runs} told")
+    for label in ("steady tick (nothing changed)", "steady tick again"):
+        wall, cpu, report = timed(watcher.tick)
+        out[label] = (wall, cpu, f"{report.left_out} updates left")
+    for nodes in gpu_nodes_by_class.values():  # one GPU of each class frees: the first in line gets it
+        core.delete_namespaced_pod(f"take-{nodes[0]}", f"{namespace}-takers", grace_period_seconds=0)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        placed = [p for p in core.list_namespaced_pod(namespace, field_selector="spec.nodeName!=").items]
+        if len(placed) >= len(gpu_nodes_by_class):
             break
         time.sleep(2)
-    watcher = CapacityWatcher(instance, core, batch, classes, namespace)
-    timings = {}
-    for label in ("first tick (records 1 tag set + 1 event per run)", "steady tick (nothing changed)",
-                  "steady tick again"):
-        started = time.perf_counter()
-        report = watcher.tick()
-        timings[label] = time.perf_counter() - started
-        assert report.classes["a100-80gb"].waiting == runs, report.summary()
-    started = time.perf_counter()
-    for run_id in run_ids:  # the per-run alternative: read each run's pod and its events
-        pod = core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items[0]
-        core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
-    timings["per-run reads (pod + events per run), no processing"] = time.perf_counter() - started
+    wall, cpu, report = timed(watcher.tick)
+    out["tick after each line moved (one GPU freed per class)"] = (wall, cpu, f"{report.left_out} updates left")
+    sample = run_ids[:1000]
+    wall, cpu, _ = timed(lambda: [
+        core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={core.list_namespaced_pod(namespace, label_selector=f'dagster/run-id={run_id}').items[0].metadata.name}")
+        for run_id in sample])
+    scale = runs / len(sample)
+    out["per-run reads (pod + events per run), no processing"] = (
+        wall * scale, cpu * scale, f"{len(sample)} runs read{f', scaled x{scale:g}' if scale != 1 else ''}")
     core.delete_namespace(namespace)
-    return timings
+    core.delete_namespace(f"{namespace}-takers")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and core.list_namespaced_pod(f"{namespace}-takers", limit=1).items:
+        time.sleep(3)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--storage", default="sqlite,postgres",
-                        help="the instance storages to measure, in one run: sqlite, postgres or both")
+    parser.add_argument("--runs", default="1000,10000", help="waiting runs, comma-separated sizes")
+    parser.add_argument("--nodes", type=int, default=1000, help="KWOK nodes: four GPU classes and 4 %% CPU nodes")
+    parser.add_argument("--storage", choices=("postgres", "sqlite"), default="postgres")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.runs.split(",")]
     classes = load_gpu_classes(REPO / "classes")
-    # SQLite: one event database for all runs (Dagster's default SQLite storage keeps a file per run
-    # and migrates each on first use in a process). Postgres: dagster-postgres on a real server, as
-    # a Kubernetes deployment of Dagster stores its instance.
     work = Path(tempfile.mkdtemp(prefix="gpufn-capacity-bench-"))
-    storages = {
-        "sqlite": lambda: {"event_log_storage": {"module": "dagster._core.storage.event_log",
-                                                 "class": "ConsolidatedSqliteEventLogStorage",
-                                                 "config": {"base_dir": str(work / "events")}}},
-        "postgres": lambda: {"storage": {"postgres": {"postgres_url": postgres.database()}}},
-    }
-    chosen = [name.strip() for name in args.storage.split(",")]
-    results: dict[str, dict[str, float]] = {}
-    with DevCluster(binaries_dir()) as cluster, Postgres() as postgres:
-        cluster.add_pools([c for c in classes.values() if c.name == "l4"], nodes_per_class=1, cpu=1)
-        for name in chosen:
-            with instance_for_test(overrides=storages[name]()) as instance:
-                results[name] = measure(cluster, classes, instance, f"bench-{name}", args.runs)
-    print(f"| {args.runs} waiting GPU runs | " + " | ".join(f"{name} (s)" for name in chosen)
-          + (" | postgres / sqlite |" if len(chosen) == 2 else " |"))
-    print("| --- |" + " --- |" * (len(chosen) + (len(chosen) == 2)))
-    for label in results[chosen[0]]:
-        cells = [f"{results[name][label]:.2f}" for name in chosen]
-        ratio = [f"{results['postgres'][label] / results['sqlite'][label]:.2f}"] if len(chosen) == 2 else []
-        print(f"| {label} | " + " | ".join(cells + ratio) + " |")
+    per_class = (args.nodes - args.nodes // 25) // len(CLASSES)
+    results: dict[int, dict[str, tuple[float, float, str]]] = {}
+    with ExitStack() as stack:
+        cluster = stack.enter_context(DevCluster(binaries_dir()))
+        postgres = stack.enter_context(Postgres()) if args.storage == "postgres" else None
+        by_class = {}
+        for name in CLASSES:
+            manifests = gpu_nodes(classes[name], per_class, gpus_per_node=1)
+            by_class[name] = cluster.add_nodes(manifests, timeout=600)
+        cluster.add_nodes(cpu_nodes(args.nodes - per_class * len(CLASSES)), timeout=600)
+        print(f"{args.nodes} nodes: {per_class} of each of {', '.join(CLASSES)} (one GPU each), the rest CPU",
+              flush=True)
+        for runs in sizes:
+            storage = ({"storage": {"postgres": {"postgres_url": postgres.database()}}} if postgres else
+                       {"event_log_storage": {"module": "dagster._core.storage.event_log",
+                                              "class": "ConsolidatedSqliteEventLogStorage",
+                                              "config": {"base_dir": str(work / f"events-{runs}")}}})
+            with instance_for_test(overrides=storage) as instance:
+                results[runs] = measure(cluster, classes, instance, f"bench-{runs}", runs, by_class)
+    print_sizes(f"{args.storage}, {args.nodes} nodes", "runs", sizes, results)
 
 
 if __name__ == "__main__":

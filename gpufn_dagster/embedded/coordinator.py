@@ -37,12 +37,13 @@ from ..private_ledger import EngineEventData, HoldsInstance
 from ..errors import GpuClassError, PlacementError
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, CapacityReason, CapacityState, class_choice, gpu_pool,
                     pool_class)
-from ..run.capacity import Decision
+from ..run.capacity import Decision, write_order
 from ..run.local_capacity import decide_local_placement, decide_slots
 from ..run.placement import Placement
 from ..run.gauges import ClassGauges, embedded_gauges
 from ..run.history import report_estimates
-from ..run.pools import StepWait, note_waits, pool_limits_now, step_waits, with_holders
+from ..run.pools import StepWait, lines_of, note_waits, pool_limits_now, step_waits, with_holders
+from ..run.write_budget import QUEUE_PASS_WRITE_SECONDS, WriteBudget
 from ..run.run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 from .slots import held_slots, slot_dir, waiting_steps
 
@@ -241,22 +242,29 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
             by_run[wait.run_id].append(wait)
         holding = {r.get("run_id") for records in held.values() for r in records if r.get("run_id")}
         # holders are what the line waits on: runs that stopped waiting are told before the estimates
-        waited = {r.run_id for r in self.instance.get_runs(RunsFilter(
-            statuses=[DagsterRunStatus.STARTED], tags={CAPACITY_TAG: CapacityState.WAITING.value}))}
+        waited = set(self.instance.get_run_ids(RunsFilter(  # ids only: the runs are read once, below
+            statuses=[DagsterRunStatus.STARTED], tags={CAPACITY_TAG: CapacityState.WAITING.value})))
         still_waiting: dict[str, DagsterRun] = {}
+        lines = lines_of(waits)
+        decisions: list[tuple[DagsterRun, Decision, int | None]] = []
         runs = self.instance.get_runs(RunsFilter(run_ids=sorted(set(by_run) | holding | waited))) \
             if by_run or holding or waited else []
-        for run in sorted(runs, key=lambda r: r.run_id not in by_run):  # the waiting first, as they were told
+        for run in runs:
             if run.status != DagsterRunStatus.STARTED:  # not once it is being terminated
                 continue
             run_waits = [w for w in by_run.get(run.run_id, []) if w.gpu_class in classes]
             if run.run_id in by_run and not run_waits:
                 continue  # its waits are on classes no longer configured
-            decision = decide_slots(run_waits, waits, classes, run.tags, now, holding=run.run_id in holding)
-            self._apply(run, decision)
+            decision = decide_slots(run_waits, lines, classes, run.tags, now, holding=run.run_id in holding)
+            decisions.append((run, decision, min((w.position for w in run_waits), default=None)))
             if decision.state is CapacityState.WAITING:
                 still_waiting[run.run_id] = run
-        self._estimate(waits, still_waiting, classes, now)
+        budget = WriteBudget.seconds(QUEUE_PASS_WRITE_SECONDS)
+        for run, decision, place in sorted(decisions, key=lambda item: write_order(item[1], item[2])):
+            if decision.fail is not None or ((decision.tags or decision.event or decision.step_events)
+                                             and budget.allows()):
+                self._apply(run, decision)
+        self._estimate(waits, still_waiting, classes, now, budget)
 
     def _apply(self, run: DagsterRun, decision: Decision) -> None:
         """Record a decision as it is: its tags, its events (the run's, then its steps'), and its end:
@@ -273,7 +281,7 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
                 self.instance.run_launcher.terminate(run.run_id)
 
     def _estimate(self, waits: list[StepWait], runs: Mapping[str, DagsterRun], classes: Mapping[str, GpuClass],
-                  now: float) -> None:
+                  now: float, budget: WriteBudget) -> None:
         """A wait estimate on each of `runs` (the started runs whose GPU steps still wait), from its
         place in its class's line and the class's local slots (one GPU each)."""
         lines: dict[str, dict[str, DagsterRun]] = defaultdict(dict)  # class -> its runs, first in line first
@@ -281,4 +289,4 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
             if wait.run_id in runs:
                 lines[wait.gpu_class].setdefault(wait.run_id, runs[wait.run_id])
         report_estimates(self.instance, {name: list(line.values()) for name, line in lines.items()},
-                         {name: c.local.slots for name, c in classes.items()}, now, self.__class__)
+                         {name: c.local.slots for name, c in classes.items()}, now, self.__class__, budget)

@@ -35,6 +35,11 @@ _SCHEDULER_MESSAGE = re.compile(r"^0/(?P<nodes>\d+) nodes are available: (?P<rea
 _REASON = re.compile(r"^(?P<count>\d+) (?P<reason>.+)$", re.S)
 AUTOSCALER_REASONS = {"TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
 POSITION_EVERY = 60.0  # seconds: the most often a waiting run's page is told its place in line moved
+# A place in line is recorded on every move among the first POSITION_ALWAYS places, and beyond them
+# when it moved by POSITION_STEP of itself: 10,000 runs in line would otherwise be 10,000 writes
+# each time the first one starts; this way a run's place is rewritten O(log n) times as the line drains.
+POSITION_ALWAYS = 100
+POSITION_STEP = 0.1
 _KUEUE_REASONS = {CapacityReason.KUEUE_PENDING.value, CapacityReason.KUEUE_PREEMPTED.value,
                   CapacityReason.KUEUE_EVICTED.value}
 
@@ -319,7 +324,7 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
         place = f"position {position[0]} of {position[1]} {queue}{behind}" if position else ""
         position_tag = f"{position[0]} of {position[1]}" if position else None
         if previous.get(CAPACITY_REPORTED_TAG) == digest and previous_state == CapacityState.WAITING.value:
-            return _position_moved(previous, position_tag, place, gpu_class, now, waited, in_queue)
+            return _position_moved(previous, position, place, gpu_class, now, waited, in_queue)
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
         return Decision(
@@ -360,19 +365,42 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
     return Decision(verdict.state)
 
 
-def _position_moved(previous: Mapping[str, str], position: str | None, place: str, gpu_class: GpuClass, now: float,
-                    waited: float, in_queue: Mapping[str, str]) -> Decision:
-    """An unchanged wait whose place in line may have moved: the position tag follows every move,
-    and the run's page hears the new place at most once per POSITION_EVERY seconds (the last place
+def place_moved(recorded: str | None, position: tuple[int, int]) -> bool:
+    """Whether a place in line differs enough from the one `recorded` ("5 of 9") to record it again:
+    any change among the first POSITION_ALWAYS places; beyond them, a move by POSITION_STEP of the place.
+
+    >>> place_moved(None, (4000, 9000)), place_moved("3 of 4", (2, 4)), place_moved("3 of 4", (3, 5))
+    (True, True, True)
+    >>> place_moved("5000 of 9000", (4600, 8600)), place_moved("5000 of 9000", (4400, 8400))
+    (False, True)
+    """
+    if recorded is None:
+        return True
+    if recorded == f"{position[0]} of {position[1]}":
+        return False
+    if position[0] <= POSITION_ALWAYS:
+        return True
+    try:
+        before = int(recorded.split(" of ")[0])
+    except ValueError:
+        return True
+    return abs(position[0] - before) >= POSITION_STEP * max(before, position[0])
+
+
+def _position_moved(previous: Mapping[str, str], position: tuple[int, int] | None, place: str, gpu_class: GpuClass,
+                    now: float, waited: float, in_queue: Mapping[str, str]) -> Decision:
+    """An unchanged wait whose place in line may have moved: the position tag follows the moves
+    (`place_moved`: every one among the first places, a tenth of the place beyond), and the run's
+    page hears a new place so recorded at most once per POSITION_EVERY seconds (the last place
     said and when are kept as `<place> at <time>`).
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1)
     >>> said = {".dagster/gpufn-queue-position": "3 of 3", ".dagster/gpufn-position-said": "3 of 3 at 2026-11-30T17:01:13Z"}
-    >>> soon = _position_moved(said, "2 of 3", "position 2 of 3", l4, 1796058073 + 20, 20, {})
+    >>> soon = _position_moved(said, (2, 3), "position 2 of 3", l4, 1796058073 + 20, 20, {})
     >>> soon.tags, soon.event
     ({'.dagster/gpufn-queue-position': '2 of 3'}, None)
-    >>> later = _position_moved({**said, **soon.tags}, "2 of 3", "position 2 of 3 in ClusterQueue q", l4,
+    >>> later = _position_moved({**said, **soon.tags}, (2, 3), "position 2 of 3 in ClusterQueue q", l4,
     ...                         1796058073 + 90, 90, {"ClusterQueue": "q"})
     >>> later.tags[".dagster/gpufn-position-said"], later.event.message
     ('2 of 3 at 2026-11-30T17:02:43Z', "Still waiting for GPU capacity of class 'l4': now position 2 of 3 in ClusterQueue q")
@@ -381,14 +409,41 @@ def _position_moved(previous: Mapping[str, str], position: str | None, place: st
     """
     if position is None:
         return Decision(CapacityState.WAITING, waited_seconds=waited)
-    tags = {QUEUE_POSITION_TAG: position} if previous.get(QUEUE_POSITION_TAG) != position else {}
+    text = f"{position[0]} of {position[1]}"
+    tags = {QUEUE_POSITION_TAG: text} if place_moved(previous.get(QUEUE_POSITION_TAG), position) else {}
     said_place, _, said_at = previous.get(POSITION_SAID_TAG, "").partition(" at ")
-    if said_place == position or (said_at and now - seconds_from_tag(said_at) < POSITION_EVERY):
+    if not place_moved(said_place or None, position) or (said_at and now - seconds_from_tag(said_at) < POSITION_EVERY):
         return Decision(CapacityState.WAITING, tags, waited_seconds=waited)
-    return Decision(CapacityState.WAITING, {**tags, POSITION_SAID_TAG: f"{position} at {time_tag(now)}"},
+    return Decision(CapacityState.WAITING, {**tags, POSITION_SAID_TAG: f"{text} at {time_tag(now)}"},
                     Event(f"Still waiting for GPU capacity of class {gpu_class.name!r}: now {place}",
-                          {"GPU class": gpu_class.name, "Position": position, **in_queue}),
+                          {"GPU class": gpu_class.name, "Position": text, **in_queue}),
                     waited_seconds=waited)
+
+
+def write_order(decision: Decision, place: int | None) -> tuple[int, int]:
+    """Which decisions of a pass are written first when its writes do not all fit (`write_budget`):
+    a run's end, then a change of state (capacity arrived, a pod failing), then a wait told for the
+    first time or changed, then moves in line; each the first in line first. A decision left out
+    is decided again on the next pass, from the same tags.
+
+    >>> wait = Decision(CapacityState.WAITING, {"gpufn/capacity": "waiting"})
+    >>> moved = Decision(CapacityState.WAITING, {".dagster/gpufn-queue-position": "2 of 3"})
+    >>> arrived = Decision(CapacityState.SCHEDULED, {"gpufn/capacity": "scheduled"})
+    >>> ended = Decision(CapacityState.TIMED_OUT, fail="gave up")
+    >>> sorted([(moved, 2), (wait, 9), (wait, 3), (arrived, 7), (ended, 8)], key=lambda d: write_order(*d))[0][1]
+    8
+    >>> [place for _, place in sorted([(moved, 2), (wait, 9), (wait, 3), (arrived, 7)], key=lambda d: write_order(*d))]
+    [7, 3, 9, 2]
+    """
+    if decision.fail is not None:
+        rank = 0
+    elif decision.state is not CapacityState.WAITING:
+        rank = 1
+    elif CAPACITY_TAG in decision.tags or CAPACITY_REPORTED_TAG in decision.tags:
+        rank = 2
+    else:
+        rank = 3
+    return rank, place or 0
 
 
 def decide_without_pod(previous: Mapping[str, str], job: str | None, job_failure: str | None) -> Decision:

@@ -21,6 +21,7 @@ from ..private_ledger import EngineEventData
 
 from ..tags import (CAPACITY_TAG, GPU_CLASS_TAG, RUN_GPU_COUNT_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, CapacityState,
                     seconds_from_tag)
+from .write_budget import WriteBudget
 from .estimate import HISTORY_RUNS, Ahead, Estimate, Holder, changed_meaningfully, estimate_line, typical_of
 
 
@@ -109,9 +110,10 @@ def class_holders(instance: DagsterInstance, gpu_class: str, now: float) -> list
 
 
 def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any]], capacities: Mapping[str, int],
-                     now: float, reporter: type) -> dict[str, Estimate]:
+                     now: float, reporter: type, budget: WriteBudget | None = None) -> dict[str, Estimate]:
     """Estimate and record the wait of every run in `lines` (class -> its waiting runs, first in line
-    first) on `capacities` (class -> GPUs); returns each class's estimate for the last in line."""
+    first) on `capacities` (class -> GPUs); returns each class's estimate for the last in line. An
+    estimate that does not fit in the pass's `budget` is recorded on the next pass."""
     last: dict[str, Estimate] = {}
     for gpu_class, runs in lines.items():
         if not runs:
@@ -124,7 +126,7 @@ def report_estimates(instance: DagsterInstance, lines: Mapping[str, Sequence[Any
         estimates = estimate_line(gpu_class, capacities.get(gpu_class, 0), holders, line, history)
         last[gpu_class] = estimates[-1]
         for place, (run, estimate) in enumerate(zip(runs, estimates, strict=True)):
-            if changed_meaningfully(run.tags.get(WAIT_ESTIMATE_TAG), estimate):
+            if changed_meaningfully(run.tags.get(WAIT_ESTIMATE_TAG), estimate) and (budget is None or budget.allows()):
                 instance.add_run_tags(run.run_id, {WAIT_ESTIMATE_TAG: estimate.tag})
                 instance.report_engine_event(
                     f"Wait estimate: {estimate.text}", run,

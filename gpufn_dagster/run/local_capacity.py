@@ -12,10 +12,10 @@ from ..classes import GpuClass
 from ..tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, GPU_CLASS_TAG, HOLDING_SINCE_TAG,
                     PLACEMENT_REJECTED, PLACEMENT_TAG, RUN_GPU_COUNT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG,
                     CapacityReason, CapacityState, RunKind, time_tag, waiting_since)
-from .capacity import Decision, Event, past_max_wait
+from .capacity import Decision, Event, past_max_wait, place_moved
 from .estimate import waited_tag
 from .placement import Placement
-from .pools import StepWait, wait_message
+from .pools import StepWait, named_ahead, wait_message
 
 
 def decide_local_placement(placements: Mapping[str, Placement]) -> Decision:
@@ -53,26 +53,50 @@ def _holders(holders: Sequence[tuple[str, str]]) -> str:
     return ", ".join(f"{run[:8]}/{step}" for run, step in holders) or "-"
 
 
-def decide_slots(run_waits: Sequence[StepWait], waits: Sequence[StepWait], classes: Mapping[str, GpuClass],
+def told_already(reported: str | None, run_waits: Sequence[StepWait]) -> bool:
+    """Whether a run's step waits were told already, close enough: the same steps on the same
+    classes, none of whose places moved (`capacity.place_moved`: any move among the first places, a
+    tenth of the place beyond) since the report whose digest is `reported`.
+
+    >>> w = StepWait("r", "emb", "l4", since=0.0, position=2, waiting=3, holders=())
+    >>> told_already(None, [w]), told_already("l4:emb:2/3", [w]), told_already("l4:emb:3/3", [w])
+    (False, True, False)
+    >>> far = StepWait("r", "emb", "l4", since=0.0, position=4800, waiting=9000, holders=())
+    >>> told_already("l4:emb:5000/9000", [far]), told_already("l4:emb:5400/9000", [far])
+    (True, False)
+    """
+    if not reported:
+        return False
+    before = {}
+    for part in reported.split(";"):
+        key, _, place = part.rpartition(":")
+        before[key] = place.replace("/", " of ")
+    now = {f"{w.gpu_class}:{w.step_key}": w for w in run_waits}
+    return set(before) == set(now) and not any(place_moved(before[key], (w.position, w.waiting))
+                                               for key, w in now.items())
+
+
+def decide_slots(run_waits: Sequence[StepWait], lines: Mapping[str, Sequence[StepWait]], classes: Mapping[str, GpuClass],
                  previous: Mapping[str, str], now: float, holding: bool) -> Decision:
-    """What to record for a started GPU run from its steps' slot waits (`run_waits`, among every
-    step's `waits`), given its tags from earlier passes; `holding`: its GPU steps hold slots now.
+    """What to record for a started GPU run from its steps' slot waits (`run_waits`; `lines`: every
+    class's waits, first in line first, `pools.lines_of`), given its tags from earlier passes;
+    `holding`: its GPU steps hold slots now.
 
     A step waiting past its class's max_wait ends the run (`fail`: the coordinator terminates it,
-    as the watcher deletes a pod's Job); an unchanged wait is not said again (its digest is a tag);
-    a new one is said in each waiting step's log. A run is `running` once its steps hold their
-    slots, not when Dagster's pool admits them; one that waited hears how long.
+    as the watcher deletes a pod's Job); a wait told already is not said again (`told_already`:
+    its digest is a tag); a new one is said in each waiting step's log. A run is `running` once its
+    steps hold their slots, not when Dagster's pool admits them; one that waited hears how long.
 
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, max_wait="10m")
     >>> w = StepWait("run1", "docs__emb", "l4", since=1796058000.0, position=1, waiting=1, holders=(("run0", "s"),))
-    >>> first = decide_slots([w], [w], {"l4": l4}, {}, 1796058073, holding=False)
+    >>> first = decide_slots([w], {"l4": [w]}, {"l4": l4}, {}, 1796058073, holding=False)
     >>> first.tags["gpufn/capacity"], [e.step_key for e in first.step_events]
     ('waiting', ['docs__emb'])
-    >>> decide_slots([w], [w], {"l4": l4}, first.tags, 1796058100, holding=False).tags   # nothing new to say
+    >>> decide_slots([w], {"l4": [w]}, {"l4": l4}, first.tags, 1796058100, holding=False).tags   # nothing new to say
     {}
-    >>> decide_slots([w], [w], {"l4": l4}, first.tags, 1796058000 + 601, holding=False).fail.split(" (")[0]
+    >>> decide_slots([w], {"l4": [w]}, {"l4": l4}, first.tags, 1796058000 + 601, holding=False).fail.split(" (")[0]
     "Gave up waiting for a local GPU slot of class 'l4' after 601s"
-    >>> got = decide_slots([], [], {"l4": l4}, first.tags, 1796058133, holding=True)
+    >>> got = decide_slots([], {}, {"l4": l4}, first.tags, 1796058133, holding=True)
     >>> got.tags["gpufn/capacity"], got.event.metadata
     ('running', {'Waited seconds': 133.0})
     """
@@ -93,12 +117,12 @@ def decide_slots(run_waits: Sequence[StepWait], waits: Sequence[StepWait], class
                                        step_key=wait.step_key),))
         since = min(w.since for w in run_waits)
         digest = ";".join(w.digest for w in run_waits)
-        if previous.get(CAPACITY_REPORTED_TAG) == digest:
+        if told_already(previous.get(CAPACITY_REPORTED_TAG), run_waits):
             return Decision(CapacityState.WAITING, waited_seconds=now - since)
         events = []
         for wait in run_waits:
             gpu_class = classes[wait.gpu_class]
-            ahead = [w for w in waits if w.gpu_class == wait.gpu_class and w.position < wait.position]
+            ahead = named_ahead(lines.get(wait.gpu_class, ()), wait)
             events.append(Event(wait_message(wait, gpu_class, ahead), {
                 "GPU class": gpu_class.name, "Local slots": gpu_class.local.slots,
                 "Position": f"{wait.position} of {wait.waiting}", "Waiting since": time_tag(wait.since),

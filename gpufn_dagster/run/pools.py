@@ -18,6 +18,8 @@ from typing import Any
 from ..classes import GpuClass
 from ..tags import class_choice
 
+AHEAD_NAMED = 3  # the steps ahead of a waiting step that its message names; the rest are counted
+
 
 @dataclass(frozen=True)
 class StepWait:
@@ -45,21 +47,54 @@ def step_waits(gpu_class: str, pending: Iterable[tuple[str, str, float, int]],
 
     `pending` holds (run id, step key, since, priority) of each step waiting for a slot, and
     `holders` (run id, step key) of each step holding one. Dagster hands a freed slot to the
-    highest priority, then the longest waiting, so the line is ordered the same way.
+    highest priority, then the longest waiting, so the line is ordered the same way; steps that
+    began waiting in the same instant (SQLite keeps whole seconds) by run id and step key, so every
+    pass and process lines them up alike.
 
     >>> waits = step_waits("l4", [("r2", "b", 20.0, 0), ("r1", "a", 10.0, 0), ("r3", "c", 30.0, 5)], [("r0", "x")])
     >>> [(w.run_id, w.position, w.waiting, w.digest) for w in waits]
     [('r3', 1, 3, 'l4:c:1/3'), ('r1', 2, 3, 'l4:a:2/3'), ('r2', 3, 3, 'l4:b:3/3')]
     """
-    line = sorted(pending, key=lambda p: (-p[3], p[2]))
+    line = sorted(pending, key=lambda p: (-p[3], p[2], p[0], p[1]))
     held = tuple(holders)
     return [StepWait(run_id, step_key, gpu_class, since, i, len(line), held)
             for i, (run_id, step_key, since, _) in enumerate(line, start=1)]
 
 
+def lines_of(waits: Iterable[StepWait]) -> dict[str, list[StepWait]]:
+    """Each class's (or choice's) waits, first in line first: sorted once per pass, so naming who is
+    ahead of each of 10,000 waiting steps costs a few steps each, not the whole line.
+
+    >>> lines = lines_of(step_waits("l4", [("r2", "b", 20.0, 0), ("r1", "a", 10.0, 0)], []))
+    >>> [(w.run_id, w.position) for w in lines["l4"]]
+    [('r1', 1), ('r2', 2)]
+    """
+    lines: dict[str, list[StepWait]] = {}
+    for wait in sorted(waits, key=lambda w: w.position):
+        lines.setdefault(wait.gpu_class, []).append(wait)
+    return lines
+
+
+def named_ahead(line: Sequence[StepWait], wait: StepWait) -> list[StepWait]:
+    """The first AHEAD_NAMED steps ahead of `wait` in its class's `line` (`lines_of`): those a wait's
+    message names; the others are counted.
+
+    >>> line = lines_of(step_waits("l4", [(f"r{i}", "s", float(i), 0) for i in range(6)], []))["l4"]
+    >>> [w.run_id for w in named_ahead(line, line[4])], named_ahead(line, line[0])
+    (['r0', 'r1', 'r2'], [])
+    """
+    ahead = []
+    for other in line:
+        if other.position >= wait.position or len(ahead) == AHEAD_NAMED:
+            break
+        ahead.append(other)
+    return ahead
+
+
 def wait_message(wait: StepWait, gpu_class: GpuClass, ahead: list[StepWait]) -> str:
     """The run page's line for a step that waits: the class (every class of a choice, and who holds
-    each), why, who is ahead, and how long it may wait.
+    each), why, who is ahead (`ahead`: the first few, `named_ahead`; the others counted), and how
+    long it may wait.
 
     >>> from gpufn_dagster.classes import GpuClass
     >>> l4 = GpuClass(name="l4", gpu_model="L4", gpu_memory="24GiB", max_gpu_count_per_worker=1, max_wait="1h")
@@ -73,8 +108,10 @@ def wait_message(wait: StepWait, gpu_class: GpuClass, ahead: list[StepWait]) -> 
     >>> print(wait_message(choice, choice_view((l4, t4)), []))
     Step e waits for a local GPU slot of class 'l4|t4' (l4, else t4): l4: all slot(s) in use (run abcdef12 step s); t4: all slot(s) in use (run 01234567 step t); first in line, 1 step(s) of the choice waiting. It starts as soon as a slot of either frees. It gives up after max_wait 3600s.
     """
+    more = wait.position - 1 - len(ahead)
     line = ("first in line" if wait.position == 1 else
-            f"position {wait.position}, behind " + ", ".join(f"run {w.run_id[:8]} step {w.step_key}" for w in ahead))
+            f"position {wait.position}, behind " + ", ".join(f"run {w.run_id[:8]} step {w.step_key}" for w in ahead)
+            + (f" and {more} more" if more > 0 else ""))
     limit = (f" It gives up after max_wait {gpu_class.max_wait.total_seconds():.0f}s."
              if gpu_class.max_wait is not None else "")
     if wait.held_by_class:

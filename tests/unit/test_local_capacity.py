@@ -8,7 +8,7 @@ from gpufn_dagster.class_requests import choice_view
 from gpufn_dagster.classes import GpuClass
 from gpufn_dagster.run.local_capacity import decide_local_placement, decide_slots
 from gpufn_dagster.run.placement import Placement
-from gpufn_dagster.run.pools import StepWait, note_waits
+from gpufn_dagster.run.pools import StepWait, lines_of, note_waits
 from gpufn_dagster.tags import (CAPACITY_REASON_TAG, CAPACITY_REPORTED_TAG, CAPACITY_TAG, HOLDING_SINCE_TAG,
                                PLACEMENT_TAG, WAIT_ESTIMATE_TAG, WAITING_SINCE_TAG, CapacityState)
 
@@ -29,7 +29,7 @@ def test_each_waiting_step_is_told_in_its_own_log_with_who_is_ahead_and_then_not
     ahead = StepWait("run1", "docs__a", "l4", NOW - 50, 1, 3, holder)
     mine = [StepWait("run2", "docs__b", "l4", NOW - 30, 2, 3, holder),
             StepWait("run2", "docs__c", "l4", NOW - 20, 3, 3, holder)]
-    first = decide_slots(mine, [ahead, *mine], {"l4": l4}, {}, NOW, holding=False)
+    first = decide_slots(mine, lines_of([ahead, *mine]), {"l4": l4}, {}, NOW, holding=False)
     assert first.state is CapacityState.WAITING and first.fail is None and first.event is None
     assert first.tags[CAPACITY_TAG] == "waiting" and first.tags[CAPACITY_REASON_TAG] == "LocalSlotsInUse"
     assert first.tags[WAITING_SINCE_TAG] == "2026-11-30T17:00:43Z"  # the first of its steps to wait
@@ -38,10 +38,10 @@ def test_each_waiting_step_is_told_in_its_own_log_with_who_is_ahead_and_then_not
     assert first.step_events[0].metadata["Slots held by"] == "run0aaaa/docs__summary"
     assert "behind run run1 step docs__a" in first.step_events[0].message
     assert first.waited_seconds == 30
-    again = decide_slots(mine, [ahead, *mine], {"l4": l4}, first.tags, NOW + 5, holding=False)
+    again = decide_slots(mine, lines_of([ahead, *mine]), {"l4": l4}, first.tags, NOW + 5, holding=False)
     assert again.tags == {} and again.step_events == () and again.state is CapacityState.WAITING
     moved = [StepWait("run2", "docs__b", "l4", NOW - 30, 1, 2, holder), mine[1]]
-    told = decide_slots(moved, moved, {"l4": l4}, first.tags, NOW + 10, holding=False)
+    told = decide_slots(moved, lines_of(moved), {"l4": l4}, first.tags, NOW + 10, holding=False)
     assert told.tags[CAPACITY_REPORTED_TAG] != first.tags[CAPACITY_REPORTED_TAG] and len(told.step_events) == 2
 
 
@@ -51,7 +51,7 @@ def test_a_choice_waits_naming_each_classes_holders():
     (wait,) = note_waits([{"run_id": "run9", "step_key": "e", "request": choice.name, "since": NOW - 3}],
                          {"a100-80gb": [{"run_id": "runAAAAAAAA", "step_key": "s"}],
                           "l4": [{"run_id": "runBBBBBBBB", "step_key": "t"}]})
-    decision = decide_slots([wait], [wait], {choice.name: choice}, {}, NOW, holding=False)
+    decision = decide_slots([wait], lines_of([wait]), {choice.name: choice}, {}, NOW, holding=False)
     (event,) = decision.step_events
     assert event.metadata["GPU class"] == "a100-80gb|l4" and event.metadata["Local slots"] == 2
     assert event.metadata["Class a100-80gb held by"] == "runAAAAA/s" and event.metadata["Class l4 held by"] == "runBBBBB/t"
@@ -60,7 +60,7 @@ def test_a_choice_waits_naming_each_classes_holders():
 def test_a_wait_past_max_wait_ends_the_run_saying_so_in_the_steps_log():
     l4 = slotted("l4", 1, max_wait="1m")
     wait = StepWait("run2", "docs__b", "l4", NOW - 61, 1, 1, ())
-    decision = decide_slots([wait], [wait], {"l4": l4}, {}, NOW, holding=False)
+    decision = decide_slots([wait], lines_of([wait]), {"l4": l4}, {}, NOW, holding=False)
     assert decision.state is CapacityState.TIMED_OUT and decision.fail is not None
     assert decision.tags == {CAPACITY_TAG: "timed-out", CAPACITY_REASON_TAG: "MaxWaitExceeded"}
     (event,) = decision.step_events
@@ -69,15 +69,15 @@ def test_a_wait_past_max_wait_ends_the_run_saying_so_in_the_steps_log():
 
 def test_a_run_that_gets_its_slots_is_running_and_one_that_waited_hears_how_long_and_its_estimate_ends():
     l4 = slotted("l4", 1)
-    fresh = decide_slots([], [], {"l4": l4}, {}, NOW, holding=True)
+    fresh = decide_slots([], {}, {"l4": l4}, {}, NOW, holding=True)
     assert fresh.tags[CAPACITY_TAG] == "running" and fresh.tags[CAPACITY_REASON_TAG] == "SlotAcquired"
     assert fresh.tags[HOLDING_SINCE_TAG] == "2026-11-30T17:01:13Z" and fresh.event is None
-    assert decide_slots([], [], {"l4": l4}, fresh.tags, NOW + 1, holding=True).tags == {}  # said once
+    assert decide_slots([], {}, {"l4": l4}, fresh.tags, NOW + 1, holding=True).tags == {}  # said once
     waited = {CAPACITY_TAG: "waiting", WAITING_SINCE_TAG: "2026-11-30T17:00:13Z", WAIT_ESTIMATE_TAG: "about 2 min"}
-    got = decide_slots([], [], {"l4": l4}, waited, NOW, holding=True)
+    got = decide_slots([], {}, {"l4": l4}, waited, NOW, holding=True)
     assert got.tags[CAPACITY_TAG] == "running" and got.event.metadata == {"Waited seconds": 60.0}
     assert got.tags[WAIT_ESTIMATE_TAG] != "about 2 min"  # the truth replaces the estimate
-    assert decide_slots([], [], {"l4": l4}, {}, NOW, holding=False).tags == {}  # a run without GPU steps now
+    assert decide_slots([], {}, {"l4": l4}, {}, NOW, holding=False).tags == {}  # a run without GPU steps now
 
 
 def test_a_run_that_can_never_get_its_slots_here_is_refused_at_submit():

@@ -24,6 +24,9 @@ stay STARTING forever with the start timeout off.
 
 Every Kubernetes call goes through `client.call` (a request timeout, dagster-k8s's retry of
 transient errors), so a frozen API server ends a tick with that reason; the next tick starts afresh.
+Its writes to the instance stop after `write_seconds` (`write_budget`), the first in line first
+(`capacity.write_order`): 10,000 runs starting to wait at once are told over several ticks, none
+held past the sensor's deadline. The runs it judges are kept between ticks (`gpu_runs`).
 """
 
 from __future__ import annotations
@@ -37,26 +40,28 @@ from typing import Any
 
 import dagster as dg
 import kubernetes
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import DagsterInstance, DagsterRunNotFoundError, DagsterRunStatus, RunsFilter
 
 from ...class_files import cached_gpu_classes, ClassesDir
 from ...class_requests import accept, choice_view
 from ...classes import GpuClass
 from ...private_ledger import EngineEventData
 from ...errors import GpuClassError
-from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
-                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
+from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG,
+                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, waiting_since)
 from .. import kueue
 from ...device_cel import DeviceCount
 from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, dra_gpus,
-                       kueue_verdict, pod_verdict, queue_positions)
+                       kueue_verdict, pod_verdict, queue_positions, write_order)
 from ..claims import class_got
 from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
 from ..history import report_estimates
+from .gpu_runs import GpuRuns
 from .client import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
 from ..run_plan import choice_note, release_ended_runs, tag_got_class
+from ..write_budget import WRITE_SECONDS, WriteBudget
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
@@ -79,6 +84,7 @@ class TickReport:
     failed_runs: list[str] = field(default_factory=list)
     deleted_jobs: list[str] = field(default_factory=list)
     runs_checked: int = 0
+    left_out: int = 0  # runs whose writes did not fit in the tick's write budget: written on the next tick
     stored: list[ClassGauges] = field(default_factory=list)  # every class's gauges, as the tick stored them
 
     def count(self, gpu_class: str, decision: Decision, run: Any) -> None:
@@ -114,6 +120,9 @@ class TickReport:
             extra.append(f"failed {len(self.failed_runs)} run(s)")
         if self.deleted_jobs:
             extra.append(f"deleted {len(self.deleted_jobs)} orphan Job(s)")
+        if self.left_out:
+            extra.append(f"{self.left_out} run update(s) (tags, event) left for the next tick: this one spent "
+                         "its write budget, first in line first")
         return "; ".join(parts + extra) or "no GPU run is starting"
 
 
@@ -186,41 +195,54 @@ class _Lines:
     classes: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # run ids in line per class
     cluster_queues: dict[str | None, list[str]] = field(default_factory=lambda: defaultdict(list))
 
+    def place(self, run_id: str) -> int | None:
+        """A waiting run's place in its line (its class's, or its ClusterQueue's), None for others."""
+        if run_id in self.positions:
+            return self.positions[run_id][0]
+        queued = self.queued.get(run_id)
+        return self.kueue_positions.get(queued[2].name, (None, 0))[0] if queued else None
+
 
 class CapacityWatcher:
     """One object per daemon; `tick()` is cheap to call every few seconds."""
 
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
                  namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
-                 custom_api: Any = None, deadline_seconds: float = TICK_DEADLINE):
+                 custom_api: Any = None, deadline_seconds: float = TICK_DEADLINE,
+                 write_seconds: float | None = WRITE_SECONDS, runs: GpuRuns | None = None):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
         self.request_timeout = request_timeout
         self.deadline_seconds = deadline_seconds
+        self.write_seconds = write_seconds  # the most a tick spends writing tags and events (`write_budget`)
+        self.runs = runs or GpuRuns()  # the GPU runs it judges, kept between ticks (the sensor keeps one)
         self._deadline: float | None = None  # when the current tick's time on the API ends (time.monotonic())
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
         self._resource: Any = None  # DeviceClasses, ResourceSlices and claims: only when some class is a DRA class
+        self._pools: dict[tuple[tuple[str, ...], int], list[Any]] = {}  # this tick's nodes per choice of classes
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
 
-    def _list(self, namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kwargs: Any) -> list[Any]:
+    def _list(self, namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kwargs: Any) -> list[View]:
+        """Pods, Jobs or events as `View`s: a tick reads a few fields of every GPU run's objects, never
+        their timestamps, and parsing 10,000 pods through the client's models would be most of it."""
         if self.namespace:
-            return self._call(namespaced, self.namespace, **kwargs).items
-        return self._call(everywhere, **kwargs).items
+            return list_views(namespaced, self.namespace, request_timeout=self.request_timeout,
+                              deadline=self._deadline, **kwargs)
+        return list_views(everywhere, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
 
     def _pool(self, accepted: tuple[GpuClass, ...], nodes: list[Any]) -> list[Any]:
-        """The nodes of every class accepted: where the pod may land."""
-        return [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
+        """The nodes of every class accepted: where the pod may land (once per tick and choice of
+        classes, not per run: 10,000 runs over 1,000 nodes would be ten million label checks)."""
+        key = (tuple(c.name for c in accepted), id(nodes))
+        if key not in self._pools:
+            self._pools[key] = [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
+        return self._pools[key]
 
     def _jobs(self, **kwargs: Any) -> list[View]:
-        """Jobs as `View`s: a tick reads a few fields of every GPU run's Job, never its timestamps."""
-        if self.namespace:
-            return list_views(self.batch.list_namespaced_job, self.namespace, request_timeout=self.request_timeout,
-                              deadline=self._deadline, **kwargs)
-        return list_views(self.batch.list_job_for_all_namespaces, request_timeout=self.request_timeout,
-                          deadline=self._deadline, **kwargs)
+        return self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces, **kwargs)
 
     def tick(self, now: float | None = None) -> TickReport:
         """One pass over every GPU run; its API calls together take at most `deadline_seconds`.
@@ -233,21 +255,27 @@ class CapacityWatcher:
             return self._tick(time.time() if now is None else now)
         finally:
             self._deadline = None
+            self._pools.clear()
 
     def _tick(self, now: float) -> TickReport:
         report = TickReport()
         seen = self._observe()
         report.runs_checked = len(seen.starting) + len(seen.per_step)
         lines = self._lines(seen, now)
-        for run, decision, job, gpu_class in self._judge(seen, lines, now):
+        judged = list(self._judge(seen, lines, now))
+        for run, decision, _, gpu_class in judged:
             if gpu_class is not None:
                 report.count(gpu_class, decision, run)
-            self._apply(run, decision, job, report)
-        self._estimate(lines, seen, report, now)
+        budget = WriteBudget.seconds(self.write_seconds)
+        for run, decision, job, _ in sorted(judged, key=lambda item: write_order(item[1], lines.place(item[0].run_id))):
+            if decision.fail is not None or ((decision.tags or decision.event) and budget.allows()):
+                self._apply(run, decision, job, report)
+        self._estimate(lines, seen, report, now, budget)
+        report.left_out = budget.left_out
         self._note_classes_got(seen)
         report.stored = report.gauges(self.classes, seen.nodes, seen.pods, seen.dra)
         store_gauges(self.instance, report.stored, now)
-        self._delete_orphans(seen.jobs, report)
+        self._delete_orphans(seen.jobs, {r.run_id for r in [*seen.starting, *seen.per_step]}, report)
         release_ended_runs(self.instance)
         return report
 
@@ -256,12 +284,10 @@ class CapacityWatcher:
         runs starting (and those placed per step), the scheduler's events, nodes and Kueue's Workloads."""
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._jobs(label_selector=CLASS_LABEL)
-        starting = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING],
-                                                     tags={PLACEMENT_TAG: RunKind.GPU.value}))
-        per_step = self.instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
-                                                     tags={PLACEMENT_TAG: RunKind.PER_STEP.value}))
+        starting, per_step = self.runs.read(self.instance)
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
-        nodes = self._call(self.core.list_node).items if starting or per_step or _placed_choices(pods) else []
+        nodes = (list_views(self.core.list_node, request_timeout=self.request_timeout, deadline=self._deadline)
+                 if starting or per_step or _placed_choices(pods) else [])
         workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
         return _Seen(pods, jobs, starting, per_step, events, nodes, workloads, self._dra(nodes) if nodes else {})
 
@@ -351,7 +377,7 @@ class CapacityWatcher:
                               kueue_state=workload.state), (_name(job), job.metadata.namespace), gpu_class.name
         yield from self._step_pods(seen, now)
 
-    def _estimate(self, lines: _Lines, seen: _Seen, report: TickReport, now: float) -> None:
+    def _estimate(self, lines: _Lines, seen: _Seen, report: TickReport, now: float, budget: WriteBudget) -> None:
         """A wait estimate on every waiting run, from its line on the class and the class's GPUs (nodes x GPUs)."""
         waiting: dict[str, list[tuple[int, Any]]] = defaultdict(list)
         for run_id, (run, gpu_class, _, verdict, _) in lines.verdicts.items():
@@ -364,7 +390,7 @@ class CapacityWatcher:
         capacities = {name: sum(class_gpus(c, seen.nodes, seen.dra) for c in accept(name, None, self.classes, lenient=True))
                       for name in waiting}
         ordered = {name: [run for _, run in sorted(items, key=lambda item: item[0])] for name, items in waiting.items()}
-        for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__).items():
+        for name, estimate in report_estimates(self.instance, ordered, capacities, now, self.__class__, budget).items():
             report.classes[name].estimate_last = estimate.text
 
     def _step_pods(self, seen: _Seen, now: float) -> Iterator[tuple[Any, Decision, tuple[str, str] | None, str]]:
@@ -477,7 +503,11 @@ class CapacityWatcher:
     def _apply(self, run: Any, decision: Decision, job: tuple[str, str] | None, report: TickReport) -> None:
         """Carry out a decision: tags, then the event, then (when it fails the run) the Job and the failure."""
         if decision.tags:
-            self.instance.add_run_tags(run.run_id, dict(decision.tags))
+            try:
+                self.instance.add_run_tags(run.run_id, dict(decision.tags))
+            except DagsterRunNotFoundError:  # deleted since the runs were last read whole
+                self.runs.forget(run.run_id)
+                return
         if decision.event is not None:
             self.instance.report_engine_event(decision.event.message, run, EngineEventData(dict(decision.event.metadata)),
                                               cls=self.__class__)
@@ -496,13 +526,14 @@ class CapacityWatcher:
                 raise
         report.deleted_jobs.append(name)
 
-    def _delete_orphans(self, jobs: list[Any], report: TickReport) -> None:
+    def _delete_orphans(self, jobs: list[Any], going: set[str], report: TickReport) -> None:
         """Delete the Job of every GPU run that ended while its pod still waited or ran, or while Kueue
-        still kept it suspended."""
+        still kept it suspended; `going`: the runs this tick read as STARTING or STARTED (not ended,
+        so not read again)."""
         # A Job Kueue keeps suspended has no active pod but still holds its place in the queue.
         # A Job already being deleted (terminate got there first) is left to that deletion.
         active = [j for j in jobs if ((j.status.active or 0) > 0 or j.spec.suspend) and _run_id(j)
-                  and not j.metadata.deletion_timestamp]
+                  and _run_id(j) not in going and not j.metadata.deletion_timestamp]
         if not active:
             return
         runs = {r.run_id: r for r in self.instance.get_runs(RunsFilter(run_ids=[_run_id(j) for j in active]))}
@@ -519,7 +550,8 @@ class CapacityWatcher:
 def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = None,
                     minimum_interval_seconds: int = 10, running: bool = True,
                     request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
-                    deadline_seconds: float = TICK_DEADLINE) -> dg.SensorDefinition:
+                    deadline_seconds: float = TICK_DEADLINE,
+                    write_seconds: float = WRITE_SECONDS) -> dg.SensorDefinition:
     """The `gpu_capacity` sensor: a watcher tick per evaluation; its tick history is the operator view.
 
     Args:
@@ -530,11 +562,15 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         request_timeout: (connect, read) seconds for each Kubernetes call of a tick.
         deadline_seconds: the most a whole tick spends on the Kubernetes API (all calls, retries
             included); a tick against a frozen API server ends then, saying the API did not answer.
+        write_seconds: the most a tick spends writing runs' tags and events; when many runs start
+            waiting at once, the rest (later in line) is written on the next ticks.
 
     Example:
         >>> capacity_sensor(minimum_interval_seconds=30).name
         'gpu_capacity'
     """
+
+    runs = GpuRuns()  # kept between this sensor's ticks in the process that evaluates it
 
     @dg.sensor(name=CAPACITY_SENSOR, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
@@ -557,7 +593,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(client),
                                   kubernetes.client.BatchV1Api(client), classes, namespace or launcher.job_namespace,
                                   request_timeout=request_timeout, custom_api=kubernetes.client.CustomObjectsApi(client),
-                                  deadline_seconds=deadline_seconds)
+                                  deadline_seconds=deadline_seconds, write_seconds=write_seconds, runs=runs)
         try:
             report = watcher.tick()
         except API_ERRORS as err:

@@ -1,0 +1,107 @@
+"""The embedded queue's pass (GpuQueuedRunCoordinator.get_run_queue_config, which the queue daemon
+calls before every dequeue) over N GPU steps waiting for class l4's local slots, N = 1,000 and
+10,000 side by side in one run, on a real Dagster instance (SQLite, as `dagster dev` stores it; or
+`--storage postgres`, a real PostgreSQL server through dagster-postgres).
+
+    .venv/bin/python bench/queue_pass_bench.py --steps 1000,10000
+
+Each waiting step is a STARTED run's step whose claim sits in Dagster's concurrency pool `gpu-l4`
+behind the runs holding its slots -- exactly what a run's GPU step leaves there when the slots are
+taken. Per N, in an instance of its own: the pass in which all N are told (it writes first in
+line first for `write_budget.QUEUE_PASS_WRITE_SECONDS`, then leaves the rest to the next passes),
+the passes until every step was told and estimated, the steady pass (nothing changed) twice, and
+the pass after one slot freed (the first in line gets it, the others move up one place). Wall and
+this process's CPU seconds, and the ratio of the largest N to the smallest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from dagster import DagsterRunStatus
+from dagster._core.test_utils import create_run_for_test, instance_for_test
+
+from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.tags import CAPACITY_TAG, WAIT_ESTIMATE_TAG, gpu_pool, run_gpu_tags
+from gpufn_devcluster.postgres import Postgres
+from size_table import print_sizes  # bench/, beside this script
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def timed(fn) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure(storage: dict, classes_dir: Path, steps: int, max_passes: int) -> dict[str, tuple[float, float, str]]:
+    overrides = {**storage, "run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
+                                                "config": {"classes_dir": str(classes_dir)}}}
+    out: dict[str, tuple[float, float, str]] = {}
+    with instance_for_test(overrides=overrides) as instance:
+        pool, coordinator = gpu_pool("l4"), instance.run_coordinator
+        tags = run_gpu_tags("l4", 1)
+        coordinator.get_run_queue_config()  # limits the pool to the class's slots
+        started = time.perf_counter()
+        slots = load_gpu_classes(classes_dir)["l4"].local.slots
+        runs = [create_run_for_test(instance, job_name="embedding", status=DagsterRunStatus.STARTED, tags=tags)
+                for _ in range(steps + slots)]
+        for run in runs:
+            instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "embedding")
+        print(f"  {steps} waiting steps made in {time.perf_counter() - started:.0f} s", flush=True)
+        waiting = runs[slots:]
+
+        def told() -> tuple[int, int]:
+            """(steps told they wait, of those also told their estimate)."""
+            tags = [r.tags for r in instance.get_runs() if r.tags.get(CAPACITY_TAG) == "waiting"]
+            return len(tags), sum(WAIT_ESTIMATE_TAG in t for t in tags)
+
+        wall, cpu = timed(coordinator.get_run_queue_config)
+        out["first pass (all start waiting)"] = (wall, cpu, "%d of %d told, %d estimated" % (*told(), steps))
+        passes, total_wall, total_cpu = 1, wall, cpu
+        while told() != (steps, steps) and passes < max_passes:
+            wall, cpu = timed(coordinator.get_run_queue_config)
+            passes, total_wall, total_cpu = passes + 1, total_wall + wall, total_cpu + cpu
+        waits, estimated = told()
+        rate = (waits + estimated) / 2 / total_wall
+        out[f"passes until every step was told (at most {max_passes})"] = (
+            total_wall, total_cpu, f"{passes} pass(es), {waits} of {steps} told, {estimated} estimated: "
+            f"{rate:.0f} steps/s told and estimated"
+            + ("" if estimated == steps else f"; all {steps} in about {steps / max(rate, 1e-9) / 60:.0f} min at that rate"))
+        while told() != (steps, steps):  # the rest, unmeasured, so the steady passes below have nothing to write
+            coordinator.get_run_queue_config()
+        for label in ("steady pass (nothing changed)", "steady pass again"):
+            out[label] = (*timed(coordinator.get_run_queue_config), "")
+        instance.event_log_storage.free_concurrency_slots_for_run(runs[0].run_id)
+        wall, cpu = timed(coordinator.get_run_queue_config)
+        out["pass after a slot freed (the line moved)"] = (wall, cpu, f"{len(waiting) - 1} steps moved up")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", default="1000,10000", help="waiting steps, comma-separated sizes")
+    parser.add_argument("--storage", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--passes", type=int, default=6, help="the most passes timed while steps are told")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.steps.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="gpufn-queue-pass-bench-"))
+    classes_dir = work / "classes"
+    shutil.copytree(REPO / "classes", classes_dir)
+    results = {}
+    with ExitStack() as stack:
+        postgres = stack.enter_context(Postgres()) if args.storage == "postgres" else None
+        for steps in sizes:
+            storage = {"storage": {"postgres": {"postgres_url": postgres.database()}}} if postgres else {}
+            results[steps] = measure(storage, classes_dir, steps, args.passes)
+    print_sizes(args.storage, "steps", sizes, results)
+
+
+if __name__ == "__main__":
+    main()
