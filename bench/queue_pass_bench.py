@@ -9,8 +9,8 @@ Each waiting step is a STARTED run's step whose claim sits in Dagster's concurre
 behind the runs holding its slots -- exactly what a run's GPU step leaves there when the slots are
 taken. Per N, in an instance of its own: the pass in which all N are told (it writes first in
 line first for `write_budget.QUEUE_PASS_WRITE_SECONDS`, then leaves the rest to the next passes),
-the passes until every step was told and estimated, the steady pass (nothing changed) twice, and
-the pass after one slot freed (the first in line gets it, the others move up one place). Wall and
+the first passes (how many steps a pass tells), a pass allowed to write nothing twice (what the
+steady pass costs: its reads and decisions), and the pass after one slot freed (the first in line gets it, the others move up one place). Wall and
 this process's CPU seconds, and the ratio of the largest N to the smallest.
 """
 
@@ -20,6 +20,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -27,9 +28,10 @@ from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.embedded import coordinator as coordinator_module
 from gpufn_dagster.tags import CAPACITY_TAG, WAIT_ESTIMATE_TAG, gpu_pool, run_gpu_tags
 from gpufn_devcluster.postgres import Postgres
-from size_table import print_sizes  # bench/, beside this script
+from capacity_bench import print_sizes  # bench/, beside this script: the same table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,10 +52,12 @@ def measure(storage: dict, classes_dir: Path, steps: int, max_passes: int) -> di
         coordinator.get_run_queue_config()  # limits the pool to the class's slots
         started = time.perf_counter()
         slots = load_gpu_classes(classes_dir)["l4"].local.slots
-        runs = [create_run_for_test(instance, job_name="embedding", status=DagsterRunStatus.STARTED, tags=tags)
-                for _ in range(steps + slots)]
-        for run in runs:
-            instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "embedding")
+        with ThreadPoolExecutor(8) as threads:  # PostgreSQL round trips: made side by side
+            runs = list(threads.map(lambda _: create_run_for_test(instance, job_name="embedding",
+                                                                   status=DagsterRunStatus.STARTED, tags=tags),
+                                    range(steps + slots)))
+            list(threads.map(lambda run: instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "embedding"),
+                             runs))
         print(f"  {steps} waiting steps made in {time.perf_counter() - started:.0f} s", flush=True)
         waiting = runs[slots:]
 
@@ -63,21 +67,24 @@ def measure(storage: dict, classes_dir: Path, steps: int, max_passes: int) -> di
             return len(tags), sum(WAIT_ESTIMATE_TAG in t for t in tags)
 
         wall, cpu = timed(coordinator.get_run_queue_config)
-        out["first pass (all start waiting)"] = (wall, cpu, "%d of %d told, %d estimated" % (*told(), steps))
+        waits, estimated = told()
+        out["first pass (all start waiting)"] = (wall, cpu, f"{waits} of {steps} told, {estimated} estimated")
         passes, total_wall, total_cpu = 1, wall, cpu
         while told() != (steps, steps) and passes < max_passes:
             wall, cpu = timed(coordinator.get_run_queue_config)
             passes, total_wall, total_cpu = passes + 1, total_wall + wall, total_cpu + cpu
         waits, estimated = told()
         rate = (waits + estimated) / 2 / total_wall
-        out[f"passes until every step was told (at most {max_passes})"] = (
+        out[f"the first passes, while steps are told (at most {max_passes})"] = (
             total_wall, total_cpu, f"{passes} pass(es), {waits} of {steps} told, {estimated} estimated: "
             f"{rate:.0f} steps/s told and estimated"
             + ("" if estimated == steps else f"; all {steps} in about {steps / max(rate, 1e-9) / 60:.0f} min at that rate"))
-        while told() != (steps, steps):  # the rest, unmeasured, so the steady passes below have nothing to write
-            coordinator.get_run_queue_config()
-        for label in ("steady pass (nothing changed)", "steady pass again"):
+        # The steady pass writes nothing: timed here with nothing allowed to be written (telling all
+        # 10,000 first would take tens of minutes of storage writes here), which is its reads and decisions.
+        budget, coordinator_module.QUEUE_PASS_WRITE_SECONDS = coordinator_module.QUEUE_PASS_WRITE_SECONDS, 0.0
+        for label in ("pass writing nothing (the steady pass's reads and decisions)", "the same again"):
             out[label] = (*timed(coordinator.get_run_queue_config), "")
+        coordinator_module.QUEUE_PASS_WRITE_SECONDS = budget
         instance.event_log_storage.free_concurrency_slots_for_run(runs[0].run_id)
         wall, cpu = timed(coordinator.get_run_queue_config)
         out["pass after a slot freed (the line moved)"] = (wall, cpu, f"{len(waiting) - 1} steps moved up")

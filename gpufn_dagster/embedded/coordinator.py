@@ -35,7 +35,7 @@ from ..class_requests import accept, choice_view
 from ..classes import GpuClass
 from ..private_ledger import EngineEventData, HoldsInstance
 from ..errors import GpuClassError, PlacementError
-from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, CapacityReason, CapacityState, class_choice, gpu_pool,
+from ..tags import (CAPACITY_REASON_TAG, CAPACITY_TAG, CapacityReason, CapacityState, RunKind, class_choice, gpu_pool,
                     pool_class)
 from ..run.capacity import Decision, write_order
 from ..run.local_capacity import decide_local_placement, decide_slots
@@ -43,6 +43,7 @@ from ..run.placement import Placement
 from ..run.gauges import ClassGauges, embedded_gauges
 from ..run.history import report_estimates
 from ..run.pools import StepWait, lines_of, note_waits, pool_limits_now, step_waits, with_holders
+from ..run.kept_runs import KeptRuns
 from ..run.write_budget import QUEUE_PASS_WRITE_SECONDS, WriteBudget
 from ..run.run_plan import CLASSES_DIR_CONFIG, class_placements, release_ended_runs
 from .slots import held_slots, slot_dir, waiting_steps
@@ -138,6 +139,8 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
     def __init__(self, classes_dir: str | None = None,
                  block_op_concurrency_limited_runs: Mapping[str, Any] | None = None, **kwargs: Any):
         self._classes_dir = classes_dir
+        # The started GPU runs, kept between passes: 10,000 waiting would otherwise be read whole on each.
+        self._local_runs = KeptRuns({RunKind.LOCAL.value: frozenset({DagsterRunStatus.STARTED})})
         super().__init__(block_op_concurrency_limited_runs=block_op_concurrency_limited_runs or {"enabled": False},
                          **kwargs)
 
@@ -247,8 +250,12 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
         still_waiting: dict[str, DagsterRun] = {}
         lines = lines_of(waits)
         decisions: list[tuple[DagsterRun, Decision, int | None]] = []
-        runs = self.instance.get_runs(RunsFilter(run_ids=sorted(set(by_run) | holding | waited))) \
-            if by_run or holding or waited else []
+        wanted = set(by_run) | holding | waited
+        kept = {run.run_id: run for run in self._local_runs.read(self.instance)} if wanted else {}
+        # a run this coordinator did not place (one executed in process) is read by its id
+        missing = sorted(wanted - kept.keys())
+        runs = [kept[run_id] for run_id in sorted(wanted & kept.keys())] + (
+            self.instance.get_runs(RunsFilter(run_ids=missing)) if missing else [])
         for run in runs:
             if run.status != DagsterRunStatus.STARTED:  # not once it is being terminated
                 continue

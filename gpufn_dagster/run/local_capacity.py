@@ -56,11 +56,14 @@ def _holders(holders: Sequence[tuple[str, str]]) -> str:
 def told_already(reported: str | None, run_waits: Sequence[StepWait]) -> bool:
     """Whether a run's step waits were told already, close enough: the same steps on the same
     classes, none of whose places moved (`capacity.place_moved`: any move among the first places, a
-    tenth of the place beyond) since the report whose digest is `reported`.
+    tenth of the place beyond) since the report whose digest is `reported`. Steps joining the line
+    behind do not move a place: a step first in line is not told again that the line grew.
 
     >>> w = StepWait("r", "emb", "l4", since=0.0, position=2, waiting=3, holders=())
     >>> told_already(None, [w]), told_already("l4:emb:2/3", [w]), told_already("l4:emb:3/3", [w])
     (False, True, False)
+    >>> told_already("l4:emb:2/2", [w])
+    True
     >>> far = StepWait("r", "emb", "l4", since=0.0, position=4800, waiting=9000, holders=())
     >>> told_already("l4:emb:5000/9000", [far]), told_already("l4:emb:5400/9000", [far])
     (True, False)
@@ -70,9 +73,9 @@ def told_already(reported: str | None, run_waits: Sequence[StepWait]) -> bool:
     before = {}
     for part in reported.split(";"):
         key, _, place = part.rpartition(":")
-        before[key] = place.replace("/", " of ")
+        before[key] = place.split("/")[0]
     now = {f"{w.gpu_class}:{w.step_key}": w for w in run_waits}
-    return set(before) == set(now) and not any(place_moved(before[key], (w.position, w.waiting))
+    return set(before) == set(now) and not any(place_moved(f"{before[key]} of {w.waiting}", (w.position, w.waiting))
                                                for key, w in now.items())
 
 

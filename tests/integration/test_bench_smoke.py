@@ -18,7 +18,7 @@ from ..conftest import REPO
 BENCH = REPO / "bench"
 # script -> (tiny arguments, what its output always holds, needs the built control plane)
 CASES = {
-    "capacity_bench.py": (["--runs", "3"], "| postgres / sqlite |", True),
+    "capacity_bench.py": (["--runs", "3,6", "--nodes", "50"], "| tick writing nothing (the steady tick's", True),
     "deploy_bench.py": (["--shards", "1", "--fragment-rows", "1100"], "| launch -> commit done |", True),
     "dra_bench.py": (["--nodes", "20"], "| steady tick |", False),
     "engine_replay_bench.py": (["--gpu-json", "bench/figures/h200_minilm.json", "--rows", "2000", "--fragment-rows",
@@ -35,6 +35,7 @@ CASES = {
     "partition_bench.py": (["--rows", "2000", "--days", "10"], "partitions / one =", False),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
+    "queue_pass_bench.py": (["--steps", "3,6"], "| pass writing nothing (the steady pass's", False),
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000", "--repeat", "1"], "| gpufn_incremental |", False),
     "row_cost_bench.py": (["--rows", "3000", "--repeat", "1"], "| signatures |", False),
     "siblings_bench.py": (["--rows", "20000", "--siblings", "1,2", "--repeat", "1", "--out", "{tmp}/siblings.json"],

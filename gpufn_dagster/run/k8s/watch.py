@@ -26,7 +26,7 @@ Every Kubernetes call goes through `client.call` (a request timeout, dagster-k8s
 transient errors), so a frozen API server ends a tick with that reason; the next tick starts afresh.
 Its writes to the instance stop after `write_seconds` (`write_budget`), the first in line first
 (`capacity.write_order`): 10,000 runs starting to wait at once are told over several ticks, none
-held past the sensor's deadline. The runs it judges are kept between ticks (`gpu_runs`).
+held past the sensor's deadline. The runs it judges are kept between ticks (`kept_runs`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from ...class_requests import accept, choice_view
 from ...classes import GpuClass
 from ...private_ledger import EngineEventData
 from ...errors import GpuClassError
-from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG,
-                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, waiting_since)
+from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANNOTATION, GPU_CLASS_TAG, PLACEMENT_TAG,
+                    RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
 from .. import kueue
 from ...device_cel import DeviceCount
 from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, dra_gpus,
@@ -56,15 +56,22 @@ from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, deci
 from ..claims import class_got
 from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
 from ..history import report_estimates
-from .gpu_runs import GpuRuns
 from .client import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
 from .launcher import GpuK8sRunLauncher
+from ..kept_runs import KeptRuns
 from ..run_plan import choice_note, release_ended_runs, tag_got_class
 from ..write_budget import WRITE_SECONDS, WriteBudget
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 _EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+
+
+def gpu_runs() -> KeptRuns:
+    """The runs a tick judges: STARTING runs placed on a GPU run worker, and STARTING or STARTED
+    runs placed per step (their steps' pods)."""
+    return KeptRuns({RunKind.GPU.value: frozenset({DagsterRunStatus.STARTING}),
+                     RunKind.PER_STEP.value: frozenset({DagsterRunStatus.STARTING, DagsterRunStatus.STARTED})})
 
 
 @dataclass
@@ -209,13 +216,13 @@ class CapacityWatcher:
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
                  namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
                  custom_api: Any = None, deadline_seconds: float = TICK_DEADLINE,
-                 write_seconds: float | None = WRITE_SECONDS, runs: GpuRuns | None = None):
+                 write_seconds: float | None = WRITE_SECONDS, runs: KeptRuns | None = None):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
         self.request_timeout = request_timeout
         self.deadline_seconds = deadline_seconds
         self.write_seconds = write_seconds  # the most a tick spends writing tags and events (`write_budget`)
-        self.runs = runs or GpuRuns()  # the GPU runs it judges, kept between ticks (the sensor keeps one)
+        self.runs = runs or gpu_runs()  # the GPU runs it judges, kept between ticks (the sensor keeps one)
         self._deadline: float | None = None  # when the current tick's time on the API ends (time.monotonic())
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
@@ -284,7 +291,9 @@ class CapacityWatcher:
         runs starting (and those placed per step), the scheduler's events, nodes and Kueue's Workloads."""
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._jobs(label_selector=CLASS_LABEL)
-        starting, per_step = self.runs.read(self.instance)
+        kept = self.runs.read(self.instance)
+        starting = [r for r in kept if r.tags.get(PLACEMENT_TAG) == RunKind.GPU.value]
+        per_step = [r for r in kept if r.tags.get(PLACEMENT_TAG) == RunKind.PER_STEP.value]
         events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
         nodes = (list_views(self.core.list_node, request_timeout=self.request_timeout, deadline=self._deadline)
                  if starting or per_step or _placed_choices(pods) else [])
@@ -570,7 +579,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         'gpu_capacity'
     """
 
-    runs = GpuRuns()  # kept between this sensor's ticks in the process that evaluates it
+    runs = gpu_runs()  # kept between this sensor's ticks in the process that evaluates it
 
     @dg.sensor(name=CAPACITY_SENSOR, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
