@@ -29,7 +29,7 @@ from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.embedded import coordinator as coordinator_module
-from gpufn_dagster.tags import CAPACITY_TAG, WAIT_ESTIMATE_TAG, gpu_pool, run_gpu_tags
+from gpufn_dagster.tags import CAPACITY_TAG, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, RunKind, gpu_pool, run_gpu_tags
 from gpufn_devcluster.postgres import Postgres
 from capacity_bench import print_sizes  # bench/, beside this script: the same table
 
@@ -48,7 +48,7 @@ def measure(storage: dict, classes_dir: Path, steps: int, max_passes: int) -> di
     out: dict[str, tuple[float, float, str]] = {}
     with instance_for_test(overrides=overrides) as instance:
         pool, coordinator = gpu_pool("l4"), instance.run_coordinator
-        tags = run_gpu_tags("l4", 1)
+        tags = {**run_gpu_tags("l4", 1), PLACEMENT_TAG: RunKind.LOCAL.value}  # as the coordinator placed it
         coordinator.get_run_queue_config()  # limits the pool to the class's slots
         started = time.perf_counter()
         slots = load_gpu_classes(classes_dir)["l4"].local.slots

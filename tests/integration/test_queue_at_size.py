@@ -16,7 +16,8 @@ from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.run.capacity import POSITION_ALWAYS
 from gpufn_dagster.run.estimate import Ahead, estimate_line
 from gpufn_dagster.run.history import class_history, parts_of, work_of
-from gpufn_dagster.tags import CAPACITY_TAG, HOLDING_SINCE_TAG, WAIT_ESTIMATE_TAG, gpu_pool, run_gpu_tags, time_tag
+from gpufn_dagster.tags import (CAPACITY_TAG, HOLDING_SINCE_TAG, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, RunKind, gpu_pool,
+                               run_gpu_tags, time_tag)
 
 from ..helpers import event_metadata
 
@@ -41,7 +42,7 @@ def test_two_hundred_steps_waiting_for_a_slot_are_told_over_passes_with_true_pla
     with instance_for_test(overrides=overrides) as instance:
         storage, coordinator = instance.event_log_storage, instance.run_coordinator
         slots = load_gpu_classes(classes_dir)["l4"].local.slots
-        tags = run_gpu_tags("l4", 1)
+        tags = {**run_gpu_tags("l4", 1), PLACEMENT_TAG: RunKind.LOCAL.value}  # as the coordinator placed them
         for _ in range(2):  # the work's history
             assert dg.materialize([embedding], instance=instance,
                                   tags={**tags, HOLDING_SINCE_TAG: time_tag(time.time() - 600)}).success
