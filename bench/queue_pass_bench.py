@@ -28,7 +28,6 @@ from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.class_files import load_gpu_classes
-from gpufn_dagster.embedded import coordinator as coordinator_module
 from gpufn_dagster.tags import CAPACITY_TAG, PLACEMENT_TAG, WAIT_ESTIMATE_TAG, RunKind, gpu_pool, run_gpu_tags
 from gpufn_devcluster.postgres import Postgres
 from capacity_bench import print_sizes  # bench/, beside this script: the same table
@@ -81,10 +80,10 @@ def measure(storage: dict, classes_dir: Path, steps: int, max_passes: int) -> di
             + ("" if estimated == steps else f"; all {steps} in about {steps / max(rate, 1e-9) / 60:.0f} min at that rate"))
         # The steady pass writes nothing: timed here with nothing allowed to be written (telling all
         # 10,000 first would take tens of minutes of storage writes here), which is its reads and decisions.
-        budget, coordinator_module.QUEUE_PASS_WRITE_SECONDS = coordinator_module.QUEUE_PASS_WRITE_SECONDS, 0.0
+        budget, coordinator._write_seconds = coordinator._write_seconds, 0.0
         for label in ("pass writing nothing (the steady pass's reads and decisions)", "the same again"):
             out[label] = (*timed(coordinator.get_run_queue_config), "")
-        coordinator_module.QUEUE_PASS_WRITE_SECONDS = budget
+        coordinator._write_seconds = budget
         instance.event_log_storage.free_concurrency_slots_for_run(runs[0].run_id)
         wall, cpu = timed(coordinator.get_run_queue_config)
         out["pass after a slot freed (the line moved)"] = (wall, cpu, f"{len(waiting) - 1} steps moved up")

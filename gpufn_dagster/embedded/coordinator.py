@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dagster import DagsterRunStatus, RunsFilter
+from dagster import DagsterRunStatus, Field, RunsFilter
 from dagster import DagsterInstance, DagsterRun, QueuedRunCoordinator, SubmitRunContext
 
 from ..class_files import cached_gpu_classes, resolve_classes_dir
@@ -133,12 +133,16 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
         classes_dir: the GPU class files (default `$GPUFN_CLASSES_DIR` or `./classes`).
         block_op_concurrency_limited_runs: Dagster's setting; off unless given, so that a run whose
             GPU steps must wait starts and its page shows why.
+        write_seconds: the most a queue pass spends writing waits' tags and events (default 5; the
+            daemon dequeues after the pass); many steps starting to wait are told over several passes.
         **kwargs: QueuedRunCoordinator's other settings (max_concurrent_runs, ...).
     """
 
     def __init__(self, classes_dir: str | None = None,
-                 block_op_concurrency_limited_runs: Mapping[str, Any] | None = None, **kwargs: Any):
+                 block_op_concurrency_limited_runs: Mapping[str, Any] | None = None,
+                 write_seconds: float = QUEUE_PASS_WRITE_SECONDS, **kwargs: Any):
         self._classes_dir = classes_dir
+        self._write_seconds = write_seconds  # the most a pass spends writing waits (`write_budget`)
         # The started GPU runs, kept between passes: 10,000 waiting would otherwise be read whole on each.
         self._local_runs = KeptRuns({RunKind.LOCAL.value: frozenset({DagsterRunStatus.STARTED})})
         super().__init__(block_op_concurrency_limited_runs=block_op_concurrency_limited_runs or {"enabled": False},
@@ -146,14 +150,18 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
 
     @classmethod
     def config_type(cls):
-        return {**QueuedRunCoordinator.config_type(), **CLASSES_DIR_CONFIG}
+        return {**QueuedRunCoordinator.config_type(), **CLASSES_DIR_CONFIG,
+                "write_seconds": Field(float, is_required=False, default_value=QUEUE_PASS_WRITE_SECONDS,
+                                       description="The most seconds a queue pass spends writing waits' tags and "
+                                                   "events; the rest, later in line, on the next passes.")}
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):
         config = dict(config_value)
         classes_dir = config.pop("classes_dir", None)
+        write_seconds = config.pop("write_seconds", QUEUE_PASS_WRITE_SECONDS)
         coordinator = super().from_config_value(inst_data, config)
-        coordinator._classes_dir = classes_dir
+        coordinator._classes_dir, coordinator._write_seconds = classes_dir, write_seconds
         return coordinator
 
     def get_run_queue_config(self):
@@ -266,7 +274,7 @@ class GpuQueuedRunCoordinator(HoldsInstance, QueuedRunCoordinator):
             decisions.append((run, decision, min((w.position for w in run_waits), default=None)))
             if decision.state is CapacityState.WAITING:
                 still_waiting[run.run_id] = run
-        budget = WriteBudget.seconds(QUEUE_PASS_WRITE_SECONDS)
+        budget = WriteBudget.seconds(self._write_seconds)
         for run, decision, place in sorted(decisions, key=lambda item: write_order(item[1], item[2])):
             if decision.fail is not None or ((decision.tags or decision.event or decision.step_events)
                                              and budget.allows()):

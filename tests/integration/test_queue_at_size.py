@@ -35,10 +35,10 @@ def told(instance, run_id: str) -> list[dict]:
 
 
 def test_two_hundred_steps_waiting_for_a_slot_are_told_over_passes_with_true_places_and_estimates(
-        tmp_path, classes_dir, monkeypatch):
-    monkeypatch.setattr("gpufn_dagster.embedded.coordinator.QUEUE_PASS_WRITE_SECONDS", 0.5)  # spread over passes
+        tmp_path, classes_dir):
     overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
-                                     "config": {"classes_dir": str(classes_dir)}}}
+                                     "config": {"classes_dir": str(classes_dir),
+                                                "write_seconds": 0.5}}}  # dagster.yaml's setting: spread over passes
     with instance_for_test(overrides=overrides) as instance:
         storage, coordinator = instance.event_log_storage, instance.run_coordinator
         slots = load_gpu_classes(classes_dir)["l4"].local.slots

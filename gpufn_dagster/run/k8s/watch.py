@@ -227,7 +227,7 @@ class CapacityWatcher:
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
         self._resource: Any = None  # DeviceClasses, ResourceSlices and claims: only when some class is a DRA class
-        self._pools: dict[tuple[tuple[str, ...], int], list[Any]] = {}  # this tick's nodes per choice of classes
+        self._pools: dict[tuple[str, ...], list[Any]] = {}  # this tick's nodes per choice of classes
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
@@ -243,7 +243,7 @@ class CapacityWatcher:
     def _pool(self, accepted: tuple[GpuClass, ...], nodes: list[Any]) -> list[Any]:
         """The nodes of every class accepted: where the pod may land (once per tick and choice of
         classes, not per run: 10,000 runs over 1,000 nodes would be ten million label checks)."""
-        key = (tuple(c.name for c in accepted), id(nodes))
+        key = tuple(c.name for c in accepted)  # the tick's nodes: the cache is cleared when it ends
         if key not in self._pools:
             self._pools[key] = [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
         return self._pools[key]
