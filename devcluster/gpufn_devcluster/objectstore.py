@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .processes import free_port, spawn, stop_all, wait_ready
+from .processes import free_port, retry_port_clash, spawn, stop_all, wait_ready
 
 REGION = "us-east-1"
 
@@ -64,12 +64,16 @@ class ObjectStore:
         self.stop()
 
     def start(self, timeout: float = 90.0) -> None:
-        """Start SeaweedFS (master, volume, filer and S3 gateway in one process) and create the bucket."""
-        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
+        """Start SeaweedFS (master, volume, filer and S3 gateway in one process) and create the bucket;
+        on new ports when one was taken before SeaweedFS bound it."""
         config = self.workdir / "s3.json"
         config.write_text(json.dumps({"identities": [{
             "name": "gpufn", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        retry_port_clash(lambda: self._launch(config, timeout), self._clean, "SeaweedFS")
+
+    def _launch(self, config: Path, timeout: float) -> None:
+        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
         ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
         grpc = {name: free_port() for name in ports}
         self.port = ports["s3"]
@@ -82,6 +86,13 @@ class ObjectStore:
                                        self.workdir)
         wait_ready(f"SeaweedFS (S3 on {self.endpoint})", self.processes["weed"], self._bucket_ready,
                    self.workdir / "weed.log", timeout, poll=0.3)
+
+    def _clean(self) -> None:
+        """What a failed start left: its process and its data (the next start begins empty)."""
+        stop_all(self.processes)
+        self.processes.clear()
+        shutil.rmtree(self.workdir / "data", ignore_errors=True)
+        (self.workdir / "weed.log").unlink(missing_ok=True)
 
     def _bucket_ready(self) -> bool:
         """Create the bucket (idempotent); True once the S3 gateway and its filer answer."""

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .processes import ClusterError, free_port, start, stop_all, wait_ready
+from .processes import ClusterError, free_port, retry_port_clash, start, stop_all, wait_ready
 
 PACKAGE_DIR = Path("/usr/lib/postgresql")  # Debian's: /usr/lib/postgresql/<major>/bin
 SERVER_USER = "postgres"  # the package's system user, for a server started as root
@@ -76,12 +76,20 @@ class Postgres:
                                "-E", "UTF8", "--no-sync"], capture_output=True, text=True)
         if done.returncode != 0:
             raise ClusterError(f"initdb failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        self.port = free_port()
-        self.processes["postgres"] = start(
-            [*prefix, binaries / "postgres", "-D", data, "-h", "127.0.0.1", "-p", self.port, "-k", self.workdir,
-             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-             "-c", "max_connections=300"], log=log, cwd=self.workdir)
-        wait_ready("postgres", self.processes["postgres"], self._answers, log, timeout=timeout)
+
+        def launch() -> None:
+            self.port = free_port()
+            self.processes["postgres"] = start(
+                [*prefix, binaries / "postgres", "-D", data, "-h", "127.0.0.1", "-p", self.port, "-k", self.workdir,
+                 "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                 "-c", "max_connections=300"], log=log, cwd=self.workdir)
+            wait_ready("postgres", self.processes["postgres"], self._answers, log, timeout=timeout)
+
+        def clean() -> None:
+            stop_all(self.processes)
+            self.processes.clear()
+
+        retry_port_clash(launch, clean, "postgres")
 
     def _answers(self) -> bool:
         import psycopg2

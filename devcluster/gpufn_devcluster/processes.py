@@ -12,6 +12,7 @@ suite's session-end check).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -22,16 +23,45 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+_log = logging.getLogger(__name__)
 
 
 class ClusterError(RuntimeError):
     """A harness component failed to build, start or become ready; the message has its log tail."""
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port() gave this process: none is handed out twice
+
+PORT_CLASH = "address already in use"  # as Go servers and PostgreSQL log it, in lower case
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now and not handed out before by this process. Free now is not
+    free later (another process may take it before the server binds it): servers started on such
+    ports go through `retry_port_clash`."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+def retry_port_clash(launch: Callable[[], None], clean: Callable[[], None], name: str,
+                     attempts: int = 3) -> None:
+    """Run `launch()` (which picks its ports with free_port, starts a server and waits for it);
+    when the server fails because a port was taken between the pick and the bind, `clean()` what
+    it left and launch again on new ports, up to `attempts` times. Any other failure is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            launch()
+            return
+        except ClusterError as error:
+            if PORT_CLASH not in str(error).lower() or attempt == attempts:
+                raise
+            clean()
+            _log.warning("%s: a port was taken before it bound (attempt %d), starting again", name, attempt)
 
 
 _STARTED: dict[int, str] = {}  # process group -> the command that started it, for every start() here
@@ -126,11 +156,14 @@ def log_tail(log: Path, lines: int = 30) -> str:
 def wait_ready(name: str, process: subprocess.Popen, ready: Callable[[], object], log: Path,
                timeout: float = 60.0, poll: float = 0.2) -> None:
     """Wait until `ready()` is true; raise ClusterError with the log's tail if the process exits
-    first or `timeout` passes. A probe's OSError (a port not listening yet) counts as not ready."""
+    first, logs that a port it binds is in use, or `timeout` passes. A probe's OSError (a port not
+    listening yet) counts as not ready."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ClusterError(f"{name} exited with {process.returncode}:\n{log_tail(log)}")
+        if PORT_CLASH in log_tail(log, 5).lower():
+            raise ClusterError(f"{name} could not bind its port:\n{log_tail(log)}")
         try:
             if ready():
                 return
