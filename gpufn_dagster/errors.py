@@ -83,6 +83,11 @@ class RefreshStopped(GpufnError, RuntimeError):
     or the interrupt, never this one, and no error policy sees it."""
 
 
+class PartDamaged(GpufnError, RuntimeError):
+    """A checkpointed part (a chunk of rows, or a finished fragment's file) no longer matches the
+    checksum it was saved with; the refresh removes it and computes its rows again."""
+
+
 class LeaseLost(GpufnError, RuntimeError):
     """The refresh's lease on its column expired while held; another refresh may have taken over."""
 

@@ -35,6 +35,10 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG
 # the only way a launcher, coordinator or sensor writes a table of facts into a run's log.
 from dagster._core.events import EngineEventData
 
+# The tag Dagster gives every re-execution of a run, naming the first run of the family (the token
+# of a fanned-out refresh's lease, `assets.run_family`); runs are listed by it, and no public name has it.
+from dagster._core.storage.tags import ROOT_RUN_ID_TAG
+
 # Validating and defaulting a run's `execution.config` against k8s_job_executor's own schema, so
 # gpufn's executor takes every option the executor it wraps does, with the same defaults.
 from dagster._config import process_config
@@ -273,7 +277,7 @@ REACHES: tuple[Reach, ...] = (
 )
 
 
-__all__ = ["DATA_VERSION_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryLoadData", "RepositoryPythonOrigin", "execute_run_main",
+__all__ = ["DATA_VERSION_TAG", "ROOT_RUN_ID_TAG", "EngineEventData", "ExecuteRunArgs", "InstanceRef", "RepositoryLoadData", "RepositoryPythonOrigin", "execute_run_main",
            "reuse_alembic_scripts",
            "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "process_config", "HoldsInstance", "note_launched",

@@ -42,6 +42,7 @@ from .asset_spec import reads
 from .reporting import (INTERRUPTS, WorkerFigures, device_used, partition_figures, record_errors, refresh_metadata,
                         report_terminated)
 from .resources import LanceDBResource
+from .run_family import family_ended
 from .run_slice import run_slice, spans_partitions
 from .step_outputs import STEP_OUTPUTS_KEY, StepOutputsIOManager, step_outputs_io_manager
 
@@ -55,12 +56,13 @@ def _token(context: dg.OpExecutionContext) -> str:
 
 def _column(context: dg.OpExecutionContext, lancedb: LanceDBResource, function: Function,
             **options: Any) -> ColumnRefresh:
-    """The engine for one step of the run: every step holds the refresh's lease under the run's token,
-    and refreshes the run's partitions' slice (the same filter in every step: the keys are the run's)."""
+    """The engine for one step of the run: every step holds the refresh's lease under the run's token
+    (taking over one whose run family has ended, `run_family`), and refreshes the run's partitions'
+    slice (the same filter in every step: the keys are the run's)."""
     files = lancedb.table_files(function.table)
     return ColumnRefresh(files, function, RefreshOptions(
         lease_token=_token(context), holder=f"run {context.run.run_id}", on_wait=context.log.info,
-        where=run_slice(context, function, files), **options))
+        where=run_slice(context, function, files), lease_holder_ended=family_ended(context.instance), **options))
 
 
 def _plan_op(function: Function, class_now: ClassNow, upstream: int) -> dg.OpDefinition:
@@ -153,6 +155,8 @@ def _commit_op(function: Function, class_now: ClassNow) -> dg.OpDefinition:
         started = record.start_time if record is not None and record.start_time else plan.started_at
         figures = fanout_figures(function, plan, results, context.run.run_id, started)
         metadata = fanout_metadata(function, billed, result, plan, results, figures)
+        if (adopted := figures.adopted()) is not None:
+            context.log.info(f"{function.name}: {adopted}")
         context.add_output_metadata(metadata)
         if spans_partitions(context):  # each partition of a single-run backfill: its own rows and filter
             computed = np.concatenate([s.computed_rows for s in results if s.computed_rows is not None]
@@ -192,7 +196,8 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
         first_call_seconds=first.first_call_seconds if first is not None else None,
         devices=tuple(d for s in ours for d in s.devices),
         gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if ours else None,
-        rows_adopted=sum(s.rows_adopted for s in ours) + sum(s.rows_computed + s.rows_adopted for s in theirs))
+        rows_adopted=sum(s.rows_adopted for s in ours) + sum(s.rows_computed + s.rows_adopted for s in theirs),
+        parts_adopted=sum(s.parts_adopted for s in ours), parts_damaged=sum(s.parts_damaged for s in ours))
 
 
 def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,

@@ -38,7 +38,8 @@ from ..tags import (CLASS_CHOICE_SEPARATOR, DECLARED_IN_METADATA_KEY, FUNCTION_M
 from .asset_spec import function_metadata, reads, reads_metadata, with_freshness
 from .fanout_asset import fanout_asset
 from .changed_partitions import unfilled_filter
-from .reporting import INTERRUPTS, partition_figures, projection, record_errors, refresh_metadata, report_terminated
+from .reporting import (INTERRUPTS, WorkerFigures, partition_figures, projection, record_errors, refresh_metadata,
+                        report_terminated)
 from .resources import LanceDBResource
 from .run_slice import run_slice, spans_partitions
 from .table_partitions import partitions_asset_key
@@ -204,6 +205,8 @@ def _refresh_once(context: dg.AssetExecutionContext, lancedb: LanceDBResource, f
     record_errors(lancedb, function, result, context.run.run_id)
     gpu_class = step.billed(context.instance, context.run.run_id)
     metadata = refresh_metadata(function, gpu_class, result)
+    if (adopted := WorkerFigures.of(function, result).adopted()) is not None:
+        context.log.info(f"{function.name}: {adopted}")
     if where is not None:
         metadata["partition_filter" if function.partitioning else "pilot_filter"] = where
         metadata.update(_projected(context, function, gpu_class, result, files))

@@ -208,6 +208,8 @@ class WorkerFigures:
     batch_rows_largest: int | None = None
     first_call_seconds: float | None = None  # of `first_values_seconds`, the call that computed them
     rows_adopted: int = 0  # rows whose values came from a killed run's checkpoints: checked, not computed
+    parts_adopted: int = 0  # the checkpointed parts they came in, each checksum-verified
+    parts_damaged: int = 0  # checkpointed parts that failed their checksum and were computed again
 
     @classmethod
     def of(cls, function: Function, result: RefreshResult) -> WorkerFigures:
@@ -216,7 +218,21 @@ class WorkerFigures:
                    result.busy_fraction if result.first_values_seconds is not None else None, result.load_seconds,
                    result.first_values_seconds, result.devices, result.wall_seconds * function.gpu_count,
                    result.batch_rows_largest if result.first_values_seconds is not None else None,
-                   result.first_call_seconds, result.rows_adopted)
+                   result.first_call_seconds, result.rows_adopted, result.parts_adopted, result.parts_damaged)
+
+    def adopted(self) -> str | None:
+        """What the run log says of the parts this refresh took from earlier ones (None: none).
+
+        >>> WorkerFigures(1.0, 0, 0.0, None, 0.0, None, (), None, rows_adopted=900, parts_adopted=3).adopted()
+        'adopted 3 checkpointed part(s) (900 rows) that earlier refreshes saved, checksums verified'
+        """
+        said = []
+        if self.parts_adopted:
+            said.append(f"adopted {self.parts_adopted:,} checkpointed part(s) ({self.rows_adopted:,} rows) that earlier "
+                        "refreshes saved, checksums verified")
+        if self.parts_damaged:
+            said.append(f"{self.parts_damaged:,} checkpointed part(s) failed their checksum and were computed again")
+        return "; ".join(said) or None
 
 
 def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: RefreshResult,
@@ -227,6 +243,7 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
     metadata: dict[str, Any] = {
         "rows_computed": work.rows_computed,
         "rows_adopted": work.rows_adopted,
+        "parts_adopted": work.parts_adopted,
         "rows_failed": result.rows_failed,
         "rows_retried_ok": len(result.recovered),
         "rows_checked": result.rows_checked,
@@ -253,6 +270,8 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["oom_splits"] = result.oom_splits
         metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
     metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
+    if work.parts_damaged:
+        metadata["parts_damaged"] = work.parts_damaged
     if result.fragments_compacted:
         metadata["fragments_compacted"] = result.fragments_compacted
     if result.versions_published:

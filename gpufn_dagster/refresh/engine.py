@@ -99,6 +99,10 @@ class RefreshOptions:
             refresh side by side.
         keep_rows: keep the addresses of the rows given a value (`RefreshResult.computed_rows`), for
             a caller that reports them per part of `where` (a single-run backfill's partitions).
+        lease_holder_ended: given another refresh's `lease_token`, whether it has ended for good (its
+            run and every re-execution of it are over): a fanned-out run killed between steps
+            leaves its lease for `FANOUT_LEASE_SECONDS`, and this refresh takes it over at once
+            instead, adopting the parts it checkpointed (`assets.run_family`).
         max_function_files: after its commit, a fragment holding more Function files than this
             (one per Function on the table) gets them made one file (`compaction`), when no refresh
             of the table is in flight. None (the default) never compacts: measured in fresh reader
@@ -120,6 +124,7 @@ class RefreshOptions:
     instances: InstanceSource = FunctionInstance
     where: str | None = None
     keep_rows: bool = False
+    lease_holder_ended: Callable[[str], bool] | None = None
     max_function_files: int | None = None
 
     def __post_init__(self) -> None:
@@ -214,6 +219,7 @@ class ColumnRefresh:
         first = progress.first_values_at
         return ShardResult(index=shard.index, rows_planned=shard.rows, rows_computed=total.computed,
                            rows_adopted=total.adopted, computed_rows=_joined(worker.computed_rows),
+                           parts_adopted=progress.parts_adopted, parts_damaged=progress.parts_damaged,
                            rows_failed=len(total.errors), rows_checked=progress.rows_scanned, pieces=len(tasks),
                            wall_seconds=time.monotonic() - started, compute_seconds=progress.computing_seconds(),
                            busy_seconds=progress.busy_seconds, load_seconds=progress.load_seconds, gpu=gpu.figures(),
@@ -257,7 +263,8 @@ class ColumnRefresh:
         return ColumnLease(self.files, scope(self.function.sig_column, self.options.where),
                            self.options.holder or f"pid {os.getpid()} on {socket.gethostname()}",
                            ttl=ttl if ttl is not None else FANOUT_LEASE_SECONDS if keep else DEFAULT_TTL,
-                           on_wait=self.options.on_wait, token=self.options.lease_token, keep=keep)
+                           on_wait=self.options.on_wait, token=self.options.lease_token, keep=keep,
+                           ended=self.options.lease_holder_ended)
 
     @contextmanager
     def _worker(self) -> Iterator[Worker]:
@@ -365,6 +372,7 @@ class ColumnRefresh:
         return RefreshResult(
             function_version=function.version, version_before=version_before, version_after=dataset.version,
             rows_computed=total.computed, rows_adopted=total.adopted, computed_rows=_joined(worker.computed_rows),
+            parts_adopted=progress.parts_adopted, parts_damaged=progress.parts_damaged,
             rows_failed=len(total.errors), rows_checked=progress.rows_scanned,
             rows_total=dataset.count_rows(), fragments_visited=visited, fragments_rewritten=rewritten,
             fragments_total=len(dataset.get_fragments()), wall_seconds=time.monotonic() - started,

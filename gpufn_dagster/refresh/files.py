@@ -17,6 +17,7 @@ storage:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,15 @@ _CLIENT_OPTIONS = {"allow_http", "allow_invalid_certificates", "connect_timeout"
 # Options only Lance reads (its commit and retry settings); the store itself would refuse them.
 _LANCE_ONLY = {"client_max_retries", "client_retry_timeout", "download_retry_count", "new_table_enable_stable_row_ids",
                "new_table_data_storage_version", "new_table_enable_v2_manifest_paths"}
+
+
+def checksum(data: bytes) -> str:
+    """The checksum a checkpointed part is saved and verified with: SHA-256, 128 bits of it in hex.
+
+    >>> checksum(b"rows")
+    'bc51e9e65d79e1c90ba544ab2eae1044'
+    """
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def is_remote(uri: str) -> bool:
@@ -93,6 +103,17 @@ class TableFiles:
             return bytes(obstore.get(self._store, name).bytes())
         except (NotFoundError, FileNotFoundError):
             return None
+
+    def stored_checksum(self, name: str) -> str | None:
+        """What the store says of the object's content, from one HEAD: its size and entity tag (on
+        S3 the MD5 of what it stored, checked by the store itself; locally one that changes with any
+        rewrite of the file). Cheap where `checksum` of the bytes would mean reading a fragment's
+        whole file back after writing it; None when there is none."""
+        try:
+            meta = obstore.head(self._store, name)
+        except (NotFoundError, FileNotFoundError):
+            return None
+        return f"{meta['size']}:{meta['e_tag']}"
 
     def write(self, name: str, data: bytes) -> None:
         """Replace the object whole."""

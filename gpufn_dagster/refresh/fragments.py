@@ -19,6 +19,7 @@ chunks of all shards into the fragment's file without calling the Function.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -33,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import FailureBudgetExceeded, RefreshStopped
+from ..errors import FailureBudgetExceeded, PartDamaged, RefreshStopped
 from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
 from .plan import FragmentWork
@@ -45,6 +46,7 @@ from .slices import SLICE_FILE_PREFIX
 from .worker import Worker
 from .write import FragmentFileWriter, align_to_physical, data_file_name, file_field_ids
 
+_log = logging.getLogger(__name__)
 FIRST_ERRORS = 3  # errors a stop past the failure budget quotes
 PREFETCH = 4  # batches each fragment thread stages ahead of the one the model works on
 
@@ -160,6 +162,20 @@ class Attempt:
     def close(self) -> None:
         if self.model is not None:
             self.model.shutdown(wait=True, cancel_futures=True)
+
+    def adopted_part(self, outcome: Outcome) -> None:
+        """A checkpointed part was used (its checksum verified): one more adopted part when another
+        refresh saved it (its rows are `outcome.adopted`)."""
+        if outcome.adopted:
+            with self.lock:
+                self.progress.parts_adopted += 1
+
+    def damaged_part(self, error: PartDamaged) -> None:
+        """A checkpointed part failed its checksum (and was removed): counted, so the progress and
+        the materialization say so, and logged with its name."""
+        with self.lock:
+            self.progress.parts_damaged += 1
+        _log.warning("%s", error)
 
     def advance(self, scanned: int, outcome: Outcome) -> None:
         """Count the rows done; past the Function's failure budget, stop the refresh (this raises)."""
@@ -354,22 +370,54 @@ def _close_fragment(attempt: Attempt, item: FragmentWork, writer: FragmentFileWr
         # Every row is current (e.g. after compaction): keep the fragment's files as they are.
         attempt.files.delete(f"data/{writer.name}")
         record["file"] = None
+    else:  # what a later refresh verifies before it adopts the file instead of computing the fragment
+        record["checksum"] = attempt.files.stored_checksum(f"data/{writer.name}")
     attempt.store.save_fragment(item, record)
     attempt.store.discard_batches(item)
     return _finished(attempt, item, record)
 
 
-def _chain(saved: dict[int, tuple[int, str]], start: int, end: int) -> list[tuple[int, str]]:
-    """The saved chunks that follow each other from `start`, up to `end`: (chunk end, name) each.
+def _segments(saved: dict[int, tuple[int, str]], start: int, end: int) -> list[tuple[int, int, str | None]]:
+    """Physical rows [start, end) as saved chunks (their names) and the gaps between them (None),
+    in order: a gap runs to the next saved chunk's start, so the chunks of a refresh that split
+    the fragment another way (a killed run with other shards) are used as well as its own.
 
-    >>> _chain({0: (10, "a"), 10: (25, "b"), 30: (40, "c")}, 0, 100)
-    [(10, 'a'), (25, 'b')]
+    >>> _segments({0: (10, "a"), 10: (25, "b"), 30: (40, "c")}, 0, 100)
+    [(0, 10, 'a'), (10, 25, 'b'), (25, 30, None), (30, 40, 'c'), (40, 100, None)]
+    >>> _segments({0: (10, "a")}, 5, 8)
+    [(5, 8, None)]
     """
-    chain, at = [], start
-    while at in saved and at < end:
-        chain.append(saved[at])
-        at = saved[at][0]
-    return chain
+    starts = sorted(s for s in saved if start < s < end)
+    segments: list[tuple[int, int, str | None]] = []
+    at = start
+    while at < end:
+        if at in saved:
+            segments.append((at, saved[at][0], saved[at][1]))
+            at = saved[at][0]
+            continue
+        following = next((s for s in starts if s > at), end)
+        segments.append((at, following, None))
+        at = following
+    return segments
+
+
+def _adopt(attempt: Attempt, item: FragmentWork, start: int, end: int, name: str,
+           write: Callable[[pa.RecordBatch], None] | None = None) -> Outcome | None:
+    """Use a saved chunk for rows [start, end): its batches to `write`, its outcome counted; None
+    when it failed its checksum (removed: the caller computes its rows)."""
+    try:
+        batches, info = attempt.store.load_chunk(name)
+    except PartDamaged as error:
+        attempt.damaged_part(error)
+        return None
+    for batch in batches if write is not None else ():
+        write(batch)
+    outcome = Outcome.from_json(info, attempt.token)
+    fragment = attempt.dataset.get_fragment(item.fragment_id)
+    attempt.advance(live_offset(fragment, end) - live_offset(fragment, start),
+                    Outcome(errors=outcome.errors, computed=outcome.computed, adopted=outcome.adopted))
+    attempt.adopted_part(outcome)
+    return outcome
 
 
 def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
@@ -395,36 +443,35 @@ def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
         finish(staged.popleft())
 
 
-def _restored(attempt: Attempt, item: FragmentWork) -> FragmentResult | tuple[list[tuple[int, str]], int]:
-    """The fragment's result when an earlier attempt finished it; else its checkpointed chunks from
-    its first row on (a shard's chunks join those of the shard before it) and the row after them."""
-    done = attempt.store.load_fragment(item)
-    if done is not None and (done["file"] is None or attempt.files.exists(f"data/{done['file']}")):
+def _restored(attempt: Attempt, item: FragmentWork) -> FragmentResult | list[tuple[int, int, str | None]]:
+    """The fragment's result when an earlier refresh finished it (its file's checksum verified);
+    else its rows as saved chunks and gaps to compute (`_segments`)."""
+    try:
+        done = attempt.store.load_fragment(item)
+    except PartDamaged as error:
+        attempt.damaged_part(error)
+        done = None
+    if done is not None:
         result = _finished(attempt, item, done)
         attempt.advance(item.live_rows, result.outcome)
+        if result.file is not None:
+            attempt.adopted_part(result.outcome)
         return result
-    chain = _chain(attempt.store.chunks(item), 0, item.physical_rows)
-    return chain, chain[-1][0] if chain else 0
+    return _segments(attempt.store.chunks(item), 0, item.physical_rows)
 
 
-def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]], resume_at: int) -> FragmentResult:
-    """Write the fragment's new file: its checkpointed chunks as they are, then the rows after them computed."""
+def _rewrite(attempt: Attempt, item: FragmentWork, segments: list[tuple[int, int, str | None]], *,
+             assemble: bool = False) -> FragmentResult:
+    """Write the fragment's new file: its checkpointed chunks as they are, the rows between them
+    computed; `assemble` (the commit, which never calls the Function) leaves the fragment as it is
+    when a chunk fails its checksum."""
     # Only a file of every row computed may say so in its name (`plan.OUR_FILE`).
     name = data_file_name(SLICE_FILE_PREFIX if item.rows is not None
                           else f"gpufn-{attempt.function.version}-{item.inputs_hash}")
     attempt.written.note(name)  # before the file exists, so a kill cannot leave it unaccounted
     writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
     total = Outcome()
-    for _end, chunk in chain:
-        batches, info = attempt.store.load_chunk(chunk)
-        for restored in batches:
-            writer.write(restored)
-        outcome = Outcome.from_json(info, attempt.token)
-        total.add(outcome)
-        attempt.advance(0, Outcome(errors=outcome.errors, computed=outcome.computed, adopted=outcome.adopted))
-    if resume_at:  # the rows the chunks cover count as checked (their computed or adopted rows were counted above)
-        attempt.advance(live_offset(attempt.dataset.get_fragment(item.fragment_id), resume_at), Outcome())
-    pending = _PendingChunk(attempt, item, start=resume_at)
+    pending: _PendingChunk | None = None
 
     def finish(ready: _Staged) -> None:
         out, outcome = _outputs(attempt, ready)
@@ -434,18 +481,30 @@ def _rewrite(attempt: Attempt, item: FragmentWork, chain: list[tuple[int, str]],
         pending.add(aligned, outcome, ready.end)
         attempt.advance(ready.checked, outcome)
 
-    if resume_at < item.physical_rows:
-        _compute_rows(attempt, item, resume_at, item.physical_rows, finish)
+    for start, end, chunk in segments:
+        if chunk is not None and (outcome := _adopt(attempt, item, start, end, chunk, writer.write)) is not None:
+            total.add(outcome)
+            continue
+        if assemble and chunk is not None:  # it failed its checksum: the fragment is the next refresh's
+            writer.close()
+            attempt.files.delete(f"data/{name}")
+            return FragmentResult(item, None, Outcome(), None, incomplete=True)
+        pending = _PendingChunk(attempt, item, start=start)
+        _compute_rows(attempt, item, start, end, finish)
+        if end < item.physical_rows:  # a saved chunk follows: the rows up to it (deleted ones NULL) are one chunk
+            writer.pad_to(end)
+            pending.close_at(end)
     return _close_fragment(attempt, item, writer, total, item.reason == "new")
 
 
 def refresh_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
-    """Compute one fragment's new column file, reusing checkpointed chunks: computing resumes at
-    the first row after them."""
+    """Compute one fragment's new column file, reusing checkpointed chunks (any refresh's of this
+    Function version and fragment content, each checksum-verified): only the rows between them are
+    computed."""
     restored = _restored(attempt, item)
     if isinstance(restored, FragmentResult):
         return restored
-    return _rewrite(attempt, item, *restored)
+    return _rewrite(attempt, item, restored)
 
 
 def assemble_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
@@ -455,40 +514,35 @@ def assemble_fragment(attempt: Attempt, item: FragmentWork) -> FragmentResult:
     restored = _restored(attempt, item)
     if isinstance(restored, FragmentResult):
         return restored
-    chain, resume_at = restored
-    if resume_at < item.physical_rows and item.live_rows:
+    if any(chunk is None for *_, chunk in restored) and item.live_rows:
         return FragmentResult(item, None, Outcome(), None, incomplete=True)
-    return _rewrite(attempt, item, chain, resume_at)
+    return _rewrite(attempt, item, restored, assemble=True)
 
 
 def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome:
     """Compute a shard's part of a fragment, physical rows [piece.start, piece.end), as checkpoint
-    chunks only (the commit joins them with the other shards' into the fragment's file); resumes
-    after the chunks a killed attempt of this shard saved. Returns what computing it produced."""
-    done = attempt.store.load_fragment(item)
-    if done is not None:  # another attempt finished the whole fragment
+    chunks only (the commit joins them with the other shards' into the fragment's file); rows that
+    saved chunks hold (a killed attempt's of this shard, or any earlier refresh's, each
+    checksum-verified) are adopted, only those between them computed. Returns what computing it
+    produced."""
+    if attempt.store.load_fragment(item) is not None:  # another attempt finished the whole fragment
         return Outcome()
     total = Outcome()
-    chain = _chain(attempt.store.chunks(item), piece.start, piece.end)
-    for _end, chunk in chain:
-        total.add(Outcome.from_json(attempt.store.load_chunk(chunk)[1], attempt.token))
-    resume_at = chain[-1][0] if chain else piece.start
-    if resume_at > piece.start:
-        fragment = attempt.dataset.get_fragment(item.fragment_id)
-        attempt.advance(live_offset(fragment, resume_at) - live_offset(fragment, piece.start),
-                        Outcome(errors=total.errors, computed=total.computed, adopted=total.adopted))
-    if resume_at >= piece.end:
-        return total
-    pending = _PendingChunk(attempt, item, start=resume_at)
 
-    def finish(ready: _Staged) -> None:
-        out, outcome = _outputs(attempt, ready)
-        pending.add(ready.aligned(out, attempt.out_schema), outcome, ready.end)
-        total.add(outcome)
-        attempt.advance(ready.checked, outcome)
+    for start, end, chunk in _segments(attempt.store.chunks(item), piece.start, piece.end):
+        if chunk is not None and (outcome := _adopt(attempt, item, start, end, chunk)) is not None:
+            total.add(outcome)
+            continue
+        pending = _PendingChunk(attempt, item, start=start)
 
-    _compute_rows(attempt, item, resume_at, piece.end, finish)
-    pending.close_at(piece.end)
+        def finish(ready: _Staged, pending: _PendingChunk = pending) -> None:
+            out, outcome = _outputs(attempt, ready)
+            pending.add(ready.aligned(out, attempt.out_schema), outcome, ready.end)
+            total.add(outcome)
+            attempt.advance(ready.checked, outcome)
+
+        _compute_rows(attempt, item, start, end, finish)
+        pending.close_at(end)
     return total
 
 

@@ -17,6 +17,9 @@ generation is gone or no longer the highest has lost the lease and must not comm
 A refresh spread over several steps (`fanout`: plan, shards, commit, in different processes or
 pods) holds one lease under one token, its run id: each step adopts the generation its plan
 created, renews it while it runs, and leaves it (`keep`) for the next; the commit releases it.
+No process holds such a lease between steps, so whoever waits for it may say when its token has
+ended (`ended`: the run and its re-executions are over), and takes it over then instead of
+waiting out its ttl.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ class ColumnLease:
 
     def __init__(self, files: TableFiles, scope: str, holder: str, *, ttl: float = DEFAULT_TTL,
                  on_wait: Callable[[str], None] | None = None, poll: float = 0.5, report_every: float = 10.0,
-                 token: str | None = None, keep: bool = False):
+                 token: str | None = None, keep: bool = False, ended: Callable[[str], bool] | None = None):
         self.files = files
         self.dir = f"_gpufn/leases/{scope}"  # the column's signature column, or a slice's (`slices.scope`)
         self.holder, self.ttl, self.on_wait, self.poll, self.report_every = holder, ttl, on_wait, poll, report_every
         self.token = token or uuid.uuid4().hex
         self.keep = keep  # on release, leave the lease to the next step of the same refresh
+        self.ended = ended  # whether another holder's token (its run) has ended for good
         self.generation: int | None = None
         self.waited = 0.0
         self._stop = threading.Event()
@@ -94,6 +98,9 @@ class ColumnLease:
         """Why the lease no longer binds anyone, or None while its holder keeps it."""
         if self._dead(current):
             return "its process is gone"
+        token = current.get("token")
+        if self.ended is not None and token and token != self.token and self.ended(token):
+            return "its run has ended"
         if current.get("expires_at", 0) < time.time():
             return f"it expired {time.time() - current.get('expires_at', 0):.0f}s ago without being renewed"
         return None

@@ -26,9 +26,9 @@ class Progress:
     >>> p.rows_scanned, p.rows_computed = 250, 200
     >>> p.line(now=10.0)
     '250/1,000 rows checked, 200 computed, 0 failed, 20 rows/s, 30s left'
-    >>> p.rows_scanned, p.rows_adopted = 650, 400  # a resumed run: 400 rows came from checkpoints at once
+    >>> p.rows_scanned, p.rows_adopted, p.parts_adopted = 650, 400, 8  # a resumed run: 400 rows came at once
     >>> p.line(now=10.0)
-    '650/1,000 rows checked (400 adopted from checkpoints), 200 computed, 0 failed, 20 rows/s, 14s left'
+    '650/1,000 rows checked (400 adopted from checkpoints: 8 part(s), checksums verified), 200 computed, 0 failed, 20 rows/s, 14s left'
     >>> p.loading_since = 10.0
     >>> p.line(now=14.0)
     'loading the Function: 4s so far (650/1,000 rows checked)'
@@ -39,6 +39,8 @@ class Progress:
     rows_computed: int = 0
     rows_failed: int = 0
     rows_adopted: int = 0  # checked rows whose values came from another refresh's checkpoints
+    parts_adopted: int = 0  # the checkpointed parts (chunks, finished fragments) they came in, each checksum-verified
+    parts_damaged: int = 0  # parts that failed their checksum, removed and computed again (counted across attempts)
     started: float = field(default_factory=time.monotonic)
     load_seconds: float = 0.0  # spent constructing the Function's callable (loading a model)
     loading_since: float | None = None  # set while it loads
@@ -57,7 +59,7 @@ class Progress:
         >>> p.rate(now=10.0), p.busy_seconds
         (100.0, 8.0)
         """
-        self.rows_scanned = self.rows_computed = self.rows_failed = self.rows_adopted = 0
+        self.rows_scanned = self.rows_computed = self.rows_failed = self.rows_adopted = self.parts_adopted = 0
         self.rows_to_scan = rows_to_scan
         self.stopped_at = None
 
@@ -90,7 +92,10 @@ class Progress:
             return f"loading the Function: {now - self.loading_since:.0f}s so far ({checked})"
         left = self.seconds_left(now)
         eta = f"{left:.0f}s left" if left is not None else "time left unknown"
-        adopted = f" ({self.rows_adopted:,} adopted from checkpoints)" if self.rows_adopted else ""
+        adopted = (f" ({self.rows_adopted:,} adopted from checkpoints: {self.parts_adopted:,} part(s), checksums "
+                   "verified)" if self.rows_adopted else "")
+        if self.parts_damaged:
+            adopted += f" ({self.parts_damaged:,} checkpointed part(s) failed their checksum: computed again)"
         loaded = f" (Function loaded in {self.load_seconds:.1f}s)" if self.load_seconds else ""
         return (f"{checked}{adopted}, {self.rows_computed:,} computed, {self.rows_failed:,} failed, "
                 f"{self.rate(now):,.0f} rows/s, {eta}{loaded}")

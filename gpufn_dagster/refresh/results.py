@@ -43,6 +43,8 @@ class RefreshResult:
     fragments_left: int = 0  # assembling shards: fragments that changed meanwhile, left for the next refresh
     devices: tuple[str, ...] = ()  # the GPUs the worker saw (none: it computed on a CPU)
     rows_adopted: int = 0  # rows whose values came from another refresh's checkpoints (a killed run's), not computed
+    parts_adopted: int = 0  # the checkpointed parts those rows came in, each checksum-verified before use
+    parts_damaged: int = 0  # checkpointed parts that failed their checksum: removed, their rows computed again
     fragments_compacted: int = 0  # fragments whose Function files were made one after the commit (`compaction`)
     computed_rows: Any = None  # addresses of the rows given a value (`RefreshOptions.keep_rows`; else None)
 
@@ -100,6 +102,8 @@ class ShardResult:
     first_call_seconds: float | None = None  # how long the call that computed them took
     devices: tuple[str, ...] = ()  # the GPUs its worker saw (none: it computed on a CPU)
     rows_adopted: int = 0  # rows restored from checkpoints an earlier attempt (a killed one) saved
+    parts_adopted: int = 0  # the checkpointed parts those rows came in, each checksum-verified before use
+    parts_damaged: int = 0  # checkpointed parts that failed their checksum: removed, their rows computed again
     fragments_compacted: int = 0  # fragments whose Function files were made one after the commit (`compaction`)
     computed_rows: Any = None  # addresses of the rows given a value (`RefreshOptions.keep_rows`; else None)
     run_id: str | None = None  # the run whose step computed it (a re-execution reuses its parent's shards)

@@ -18,6 +18,7 @@ from ..conftest import REPO
 BENCH = REPO / "bench"
 # script -> (tiny arguments, what its output always holds, needs the built control plane)
 CASES = {
+    "adopt_bench.py": (["--rows", "3000", "--small-rows", "1500", "--repeat", "1"], "| adopt |", False),
     "capacity_bench.py": (["--runs", "3,6", "--nodes", "50"], "| tick writing nothing (the steady tick's", True),
     "deploy_bench.py": (["--shards", "1", "--fragment-rows", "1100"], "| launch -> commit done |", True),
     "dra_bench.py": (["--nodes", "20"], "| steady tick |", False),

@@ -6,6 +6,9 @@ failing fails the run and commits nothing, and a user's append meanwhile is kept
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -16,11 +19,13 @@ import pyarrow as pa
 from dagster import DagsterEventType, DagsterRunStatus
 from dagster._core.test_utils import create_test_daemon_workspace_context, instance_for_test
 from dagster._core.workspace.load_target import PythonFileTarget
+from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 from dagster_graphql.client.query import LAUNCH_PIPELINE_EXECUTION_MUTATION
 from dagster_graphql.test.utils import execute_dagster_graphql
 import pytest
 
+from gpufn_dagster.refresh.checkpoint import chunk_span
 from gpufn_dagster.refresh.files import TableFiles
 from gpufn_dagster.assets.resources import STABLE_ROW_IDS
 from tests.storages import STORAGES
@@ -33,11 +38,14 @@ WIDE = "name: wide\ngpu_model: TEST\ngpu_memory: 16GiB\nmax_gpu_count_per_worker
 
 
 @contextmanager
-def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: str):
+def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, warm_run_workers: bool | None = None,
+           **env: str):
     """An embedded instance serving fanout_defs over a `docs` table of `rows` rows in one fragment.
 
     Yields (instance, run(run_config=None, during=None) -> the run once it ended, the log path);
-    `during(run_id)` is called while the run goes on until it returns True.
+    `during(run_id)` is called while the run goes on until it returns True; `run.workspace` is the
+    daemon's workspace (its GraphQL context). `warm_run_workers`: launch with gpufn's launcher, as
+    the embedded default does (None: Dagster's default launcher, each run a child of the code server).
     """
     log = tmp_path / "calls.log"
     (classes_dir / "wide.yaml").write_text(WIDE)
@@ -49,6 +57,11 @@ def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: st
         storage_options=STABLE_ROW_IDS)
     overrides = {"run_coordinator": {"module": "gpufn_dagster", "class": "GpuQueuedRunCoordinator",
                                      "config": {"classes_dir": str(classes_dir)}}}
+    if warm_run_workers is not None:  # as deploy/dagster-embedded.yaml: gpufn's launcher (embedded.launcher),
+        overrides["run_launcher"] = {"module": "gpufn_dagster", "class": "GpuLocalRunLauncher",
+                                     "config": {"warm_run_workers": warm_run_workers}}
+        # ... and the monitoring daemon freeing the pool slots of runs that ended (each pass below)
+        overrides["run_monitoring"] = {"enabled": True, "free_slots_after_run_end_seconds": 1}
     target = PythonFileTarget(python_file=str(DEFS), attribute="defs", working_directory=None, location_name="fanout")
     with instance_for_test(overrides=overrides) as instance, \
             create_test_daemon_workspace_context(target, instance) as workspace:
@@ -67,6 +80,7 @@ def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: st
             deadline = time.monotonic() + 600  # a hang guard only
             while time.monotonic() < deadline:
                 list(daemon.run_iteration(workspace))
+                list(execute_concurrency_slots_iteration(workspace, logging.getLogger("monitoring")))
                 if during is not None and during(run_id):
                     during = None
                 found = instance.get_run_by_id(run_id)
@@ -75,6 +89,7 @@ def fanout(db_uri: str, tmp_path, monkeypatch, classes_dir, rows: int, **env: st
                 time.sleep(0.5)
             raise AssertionError(f"run {run_id} did not end: {messages(instance, run_id)[-3000:]}")
 
+        run.workspace = workspace  # for a test that asks the GraphQL API more than to launch
         yield instance, run, log
 
 
@@ -188,6 +203,99 @@ def test_a_killed_shard_is_retried_and_resumes_without_redoing_other_shards(db_u
         # plus those staged ahead of the writer (prefetch 4), never a row of another shard.
         assert all(2000 <= int(text.split()[1]) < 4000 for text in again), again
         assert len(again) <= 50 * 5
+        assert all(value == text.upper() for text, value in table(db_uri).items())
+        assert refresh_commits(db_uri) == ["DataReplacement"]
+
+
+FORCE_TERMINATE = """mutation($runId: String!) {
+  terminateRun(runId: $runId, terminatePolicy: MARK_AS_CANCELED_IMMEDIATELY) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+
+
+def _kill_run(instance, run_id: str, log: Path) -> None:
+    """SIGKILL a running fan-out's run worker and every process that computed rows (and the
+    forkserver they came from), as a node lost under it would."""
+    (executing,) = [e for e in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
+                    if "Executing steps using multiprocess executor" in (e.message or "")]
+    worker = int(executing.dagster_event.engine_event_data.metadata["pid"].value)
+    shards = {int(pid) for *_, pid in calls(log)}
+    parents = set()
+    for pid in shards:
+        try:
+            parents.add(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    for pid in [worker, *shards, *(parents - {worker, os.getpid()})]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _saved_chunks(db_uri: str) -> dict[str, int]:
+    """The checkpointed chunks of `docs.shout` now: object name -> rows it holds."""
+    files = TableFiles(f"{db_uri}/docs.lance")
+    return {name: span[1] - span[0] for name in files.names("_gpufn/checkpoints")
+            if (span := chunk_span(name.rsplit("/", 1)[-1])) is not None}
+
+
+def _chunk_rows(db_uri: str, name: str) -> set[str]:
+    """The texts whose values a chunk holds (the value is the text, upper)."""
+    data = TableFiles(f"{db_uri}/docs.lance").read(f"_gpufn/checkpoints/{name}")
+    values = pa.ipc.open_file(pa.py_buffer(data)).read_all().column("shout").to_pylist()
+    return {v.lower() for v in values if v is not None}
+
+
+@pytest.mark.parametrize("db_uri", STORAGES, indirect=True)
+def test_a_new_run_adopts_the_parts_a_killed_fanned_out_run_saved_after_verifying_their_checksums(
+        db_uri, tmp_path, monkeypatch, classes_dir):
+    """A fanned-out run is SIGKILLed mid-refresh (its run worker and shard processes) and force-
+    terminated as the UI does; a *new* run (not a re-execution) takes over its lease at once,
+    computes none of the rows the killed run checkpointed, and says how many parts it adopted; a
+    part whose bytes were damaged meanwhile fails its checksum and its rows are computed again."""
+    # gpufn's launcher, as `dagster dev` with the embedded default runs: the run worker is not the
+    # code server's child (under Dagster's default launcher, SIGKILLing it left the code server's
+    # next start_run timing out).
+    with fanout(db_uri, tmp_path, monkeypatch, classes_dir, rows=8000, warm_run_workers=True,
+                GPUFN_TEST_DELAY="0.004") as (instance, run, log):
+        saved: dict[str, int] = {}
+
+        def kill_once_half_done(run_id: str) -> bool:
+            if len(calls(log)) < 3000:
+                return False
+            _kill_run(instance, run_id, log)
+            saved.update(_saved_chunks(db_uri))
+            answer = execute_dagster_graphql(run.workspace.create_request_context(), FORCE_TERMINATE,
+                                             variables={"runId": run_id})
+            assert answer.data["terminateRun"]["__typename"] == "TerminateRunSuccess", answer.data
+            return True
+
+        killed = run(during=kill_once_half_done)
+        assert killed.status == DagsterRunStatus.CANCELED
+        assert refresh_commits(db_uri) == [] and set(table(db_uri).values()) == {None}  # nothing committed
+        # The part a disk or a network damaged: its bytes change, its name (and checksum) stays.
+        damaged = max(saved)
+        files = TableFiles(f"{db_uri}/docs.lance")
+        data = bytearray(files.read(f"_gpufn/checkpoints/{damaged}"))
+        data[-200] ^= 0xFF
+        files.write(f"_gpufn/checkpoints/{damaged}", bytes(data))
+        finished = set().union(*(_chunk_rows(db_uri, name) for name in saved if name != damaged))
+        redo = {f"doc {i}" for i in range(8000)} - finished
+        assert len(finished) == sum(n for name, n in saved.items() if name != damaged) >= 2000
+
+        log.unlink()
+        started = time.monotonic()
+        again = run()
+        assert again.status == DagsterRunStatus.SUCCESS, messages(instance, again.run_id)[-3000:]
+        assert time.monotonic() - started < 300  # it took the lease over: no wait for its 900 s ttl
+        computed = Counter(text for text, _, _ in calls(log))
+        assert not set(computed) & finished  # 0 finished rows recomputed
+        assert set(computed) == redo and max(computed.values()) == 1  # the rest, each once
+        meta = materialization(instance, again.run_id)
+        assert meta["parts_adopted"] == len(saved) - 1 and meta["parts_damaged"] == 1
+        assert meta["rows_adopted"] == len(finished) and meta["rows_computed"] == len(redo)
+        assert f"adopted {len(saved) - 1:,} checkpointed part(s) ({len(finished):,} rows)" in messages(
+            instance, again.run_id)
         assert all(value == text.upper() for text, value in table(db_uri).items())
         assert refresh_commits(db_uri) == ["DataReplacement"]
 

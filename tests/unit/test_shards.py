@@ -89,3 +89,66 @@ def test_steps_of_one_refresh_adopt_its_lease_and_another_refresh_waits(tmp_path
     assert not waiter.is_alive() and other.generation is not None
     other.release()
     assert files.names("_gpufn/leases/sig") == []
+
+
+def test_a_kept_lease_whose_run_ended_is_taken_over_at_once_and_a_live_ones_is_not(tmp_path):
+    """A fanned-out run killed between steps leaves its lease with no process holding it; a later
+    refresh takes it over as soon as `ended` says the holder's run is over, never while it runs."""
+    files = TableFiles(str(tmp_path / "t.lance"))
+    with ColumnLease(files, "sig", "run A", token="run-a", keep=True, ttl=900):
+        pass  # left for its shards, which were killed
+    over: set[str] = set()
+    lines: list[str] = []
+    later = ColumnLease(files, "sig", "run B", token="run-b", ttl=30, poll=0.05, on_wait=lines.append,
+                        ended=lambda token: token in over)
+    waiter = threading.Thread(target=later.acquire)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()  # run A may still come back: run B waits
+    over.add("run-a")
+    waiter.join(10)
+    assert not waiter.is_alive() and later.generation == 2
+    assert any("its run has ended" in line for line in lines)
+    later.release()
+
+
+def _work() -> FragmentWork:
+    return FragmentWork(fragment_id=0, physical_rows=100, live_rows=100, inputs_hash="h", content_key="k",
+                        reason="new")
+
+
+def test_a_checkpointed_chunk_is_used_only_while_its_bytes_match_its_checksum(tmp_path):
+    import pyarrow as pa
+
+    from gpufn_dagster.errors import PartDamaged
+    from gpufn_dagster.refresh.checkpoint import CheckpointStore
+
+    files = TableFiles(str(tmp_path / "t.lance"))
+    store = CheckpointStore(files, "sig", "v1")
+    batch = pa.record_batch({"y": list(range(50))})
+    store.save_chunk(_work(), 0, 50, [batch], {"computed": 50, "by": "run-a"})
+    ((end, name),) = store.chunks(_work()).values()
+    batches, outcome = store.load_chunk(name)
+    assert end == 50 and batches[0].column("y").to_pylist() == list(range(50)) and outcome["by"] == "run-a"
+    data = bytearray(files.read(name))
+    data[-100] ^= 0xFF  # one byte changed where it lies
+    files.write(name, bytes(data))
+    with pytest.raises(PartDamaged, match="failed its checksum"):
+        store.load_chunk(name)
+    assert store.chunks(_work()) == {}  # removed: its rows are computed again
+
+
+def test_a_finished_fragment_is_adopted_only_while_its_file_is_the_one_it_recorded(tmp_path):
+    from gpufn_dagster.errors import PartDamaged
+    from gpufn_dagster.refresh.checkpoint import CheckpointStore
+
+    files = TableFiles(str(tmp_path / "t.lance"))
+    store = CheckpointStore(files, "sig", "v1")
+    files.write("data/f.lance", b"the fragment's values")
+    record = {"file": "f.lance", "checksum": files.stored_checksum("data/f.lance"), "rows": 100}
+    store.save_fragment(_work(), record)
+    assert store.load_fragment(_work()) == record
+    files.write("data/f.lance", b"other values, other size")
+    with pytest.raises(PartDamaged, match="failed its checksum"):
+        store.load_fragment(_work())
+    assert store.load_fragment(_work()) is None and not files.exists("data/f.lance")  # computed again
