@@ -443,14 +443,20 @@ def _compute_rows(attempt: Attempt, item: FragmentWork, start: int, end: int,
         finish(staged.popleft())
 
 
+def _finished_record(attempt: Attempt, item: FragmentWork) -> dict[str, Any] | None:
+    """The record of an earlier refresh that finished the fragment, once its file's checksum
+    verified; None when there is none or it failed (then removed, counted and logged)."""
+    try:
+        return attempt.store.load_fragment(item)
+    except PartDamaged as error:
+        attempt.damaged_part(error)
+        return None
+
+
 def _restored(attempt: Attempt, item: FragmentWork) -> FragmentResult | list[tuple[int, int, str | None]]:
     """The fragment's result when an earlier refresh finished it (its file's checksum verified);
     else its rows as saved chunks and gaps to compute (`_segments`)."""
-    try:
-        done = attempt.store.load_fragment(item)
-    except PartDamaged as error:
-        attempt.damaged_part(error)
-        done = None
+    done = _finished_record(attempt, item)
     if done is not None:
         result = _finished(attempt, item, done)
         attempt.advance(item.live_rows, result.outcome)
@@ -525,7 +531,7 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
     saved chunks hold (a killed attempt's of this shard, or any earlier refresh's, each
     checksum-verified) are adopted, only those between them computed. Returns what computing it
     produced."""
-    if attempt.store.load_fragment(item) is not None:  # another attempt finished the whole fragment
+    if _finished_record(attempt, item) is not None:  # another attempt finished the whole fragment
         return Outcome()
     total = Outcome()
 

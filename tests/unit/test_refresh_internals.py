@@ -99,3 +99,49 @@ def test_quantities_parse_as_the_kubernetes_client_parses_them(text):
 def test_what_kubernetes_refuses_is_not_a_quantity(text):
     with pytest.raises(ValueError):
         parse_quantity(text)
+
+
+def test_a_finished_fragment_is_adopted_by_the_next_refresh_only_while_its_file_verifies(tmp_path: Path):
+    """A refresh that fails after finishing fragment 0 leaves it checkpointed: the next refresh
+    adopts it (counted as an adopted part); when its file was changed since, the next refresh
+    computes it again and says a part failed its checksum."""
+    from gpufn_dagster.errors import FunctionFailed
+
+    calls: list[int] = []
+    fail_at = {150}
+
+    def double(x: int) -> int:
+        if x in fail_at:
+            raise ValueError(f"no {x}")
+        calls.append(x)
+        return 2 * x
+
+    function = make_function(double, table="t", column="y")
+
+    def failed_once(uri: str) -> None:
+        with pytest.raises(FunctionFailed):
+            refresh_column(uri, function, concurrency=1)
+        assert len(calls) >= 100  # fragment 0 finished, fragment 1 failed at its 50th row
+
+    for damage in (False, True):
+        uri = str(tmp_path / f"t{damage}.lance")
+        lance.write_dataset(pa.table({"x": list(range(200))}), uri, max_rows_per_file=100)
+        fail_at.add(150)
+        failed_once(uri)
+        if damage:  # fragment 0's finished file, rewritten under its name
+            files = TableFiles(uri)
+            (done,) = [n for n in files.names("_gpufn/checkpoints") if n.endswith("done.json")]
+            import json
+
+            name = json.loads(files.read(f"_gpufn/checkpoints/{done}"))["file"]
+            files.write(f"data/{name}", files.read(f"data/{name}") + b"\0")
+        fail_at.clear()
+        calls.clear()
+        result = refresh_column(uri, function, concurrency=1)
+        assert lance.dataset(uri).to_table(columns=["y"]).column("y").to_pylist() == [2 * x for x in range(200)]
+        if damage:
+            assert (result.parts_damaged, result.parts_adopted, result.rows_adopted) == (1, 0, 0)
+            assert sorted(calls) == list(range(200))
+        else:
+            assert (result.parts_damaged, result.parts_adopted, result.rows_adopted) == (0, 1, 100)
+            assert calls and min(calls) >= 100  # fragment 0 was not computed again
