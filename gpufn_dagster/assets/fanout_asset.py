@@ -119,16 +119,20 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
             context.log.info(f"{name}: {progress.line()}")
 
         with step_slot(context, class_now(), function.gpu_count) as step:
+            held_from = time.monotonic()  # its GPUs are this step's from here until the slots are let go
             instances = warm_instances(step.gpu_class, step.held, context.log.info, steps_in_this_process())
             column = _column(context, lancedb, function, report=report, instances=instances,
                              keep_rows=spans_partitions(context))
             try:
-                result = dataclasses.replace(column.compute_shard(shard, plan.read_version), run_id=context.run.run_id)
+                result = column.compute_shard(shard, plan.read_version)
             except INTERRUPTS:
                 report_terminated(context, function, column.rows_checkpointed())
                 raise
+        result = dataclasses.replace(result, run_id=context.run.run_id,
+                                     gpu_held_seconds=(time.monotonic() - held_from) * function.gpu_count)
         context.add_output_metadata({"rows_computed": result.rows_computed, "rows_failed": result.rows_failed,
-                                     "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1))})
+                                     "rows_per_second": dg.FloatMetadataValue(round(result.rows_per_second, 1)),
+                                     "gpu_held_seconds": dg.FloatMetadataValue(round(result.gpu_held_seconds, 3))})
         return result
 
     return shard_op
@@ -178,7 +182,8 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
     this run's, when it re-executes an earlier run whose plan it reuses) to now (the commit's end:
     what the user waited), busy fraction and load summed over the shards this run computed, first
     values from the plan's start, GPU-seconds as each of those shards' wall time x its GPUs on the
-    shards that saw a GPU. A shard an earlier run computed (a re-execution reuses its output) and
+    shards that saw a GPU; GPUs held (each shard's slots or pod, x its GPUs) and of that the time
+    idle, no Function call running (loading, reads, checkpoints: plan and commit hold none). A shard an earlier run computed (a re-execution reuses its output) and
     rows a shard restored from a killed attempt's checkpoints are adopted, not computed by this run."""
     started = max(plan.started_at, run_started)
     ours = [s for s in shards if s.run_id in (None, run_id)]
@@ -188,6 +193,8 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
     compute = sum(s.compute_seconds for s in ours)
     first = min((s for s in ours if s.first_values_at is not None), key=lambda s: s.first_values_at, default=None)
     on_gpu = [s for s in ours if s.devices]
+    held = [s for s in ours if s.gpu_held_seconds is not None]
+    held_seconds = sum(s.gpu_held_seconds for s in held) if held and function.gpu_count else None
     return WorkerFigures(
         wall_seconds=wall, rows_computed=rows, rows_per_second=rows / wall if wall > 0 else 0.0,
         busy_fraction=sum(s.busy_seconds for s in ours) / compute if compute > 0 else None,
@@ -197,7 +204,10 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
         devices=tuple(d for s in ours for d in s.devices),
         gpu_seconds=float(sum(s.wall_seconds for s in on_gpu)) * function.gpu_count if ours else None,
         rows_adopted=sum(s.rows_adopted for s in ours) + sum(s.rows_computed + s.rows_adopted for s in theirs),
-        parts_adopted=sum(s.parts_adopted for s in ours), parts_damaged=sum(s.parts_damaged for s in ours))
+        parts_adopted=sum(s.parts_adopted for s in ours), parts_damaged=sum(s.parts_damaged for s in ours),
+        gpu_held_seconds=held_seconds,
+        gpu_idle_seconds=None if held_seconds is None
+        else max(held_seconds - sum(s.busy_seconds for s in held) * function.gpu_count, 0.0))
 
 
 def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any, plan: RefreshPlan,
@@ -209,12 +219,14 @@ def fanout_metadata(function: Function, gpu_class: GpuClass | None, result: Any,
     metadata["fragments_left_for_next_refresh"] = result.fragments_left
     columns = [("shard", "int"), ("rows_planned", "int"), ("rows_computed", "int"), ("rows_adopted", "int"),
                ("rows_failed", "int"), ("rows_per_second", "float"), ("busy_fraction", "float"),
-               ("wall_seconds", "float"), ("device", "string")]
+               ("wall_seconds", "float"), ("gpu_held_seconds", "float"), ("device", "string")]
     metadata["shards"] = dg.TableMetadataValue([dg.TableRecord({
         "shard": s.index, "rows_planned": s.rows_planned, "rows_computed": s.rows_computed,
         "rows_adopted": s.rows_adopted, "rows_failed": s.rows_failed, "rows_per_second": round(s.rows_per_second, 1),
         "busy_fraction": round(s.busy_seconds / s.compute_seconds if s.compute_seconds else 0.0, 3),
-        "wall_seconds": round(s.wall_seconds, 2), "device": device_used(s.devices)})
+        "wall_seconds": round(s.wall_seconds, 2),
+        "gpu_held_seconds": round(s.gpu_held_seconds, 2) if s.gpu_held_seconds is not None else 0.0,
+        "device": device_used(s.devices)})
         for s in sorted(shards, key=lambda s: s.index)], dg.TableSchema([dg.TableColumn(n, t) for n, t in columns]))
     return metadata
 

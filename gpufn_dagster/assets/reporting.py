@@ -122,11 +122,11 @@ def termination_cause(run: dg.DagsterRun) -> str:
     max_wait, else a person or tool asking Dagster to terminate it (Dagster records no user).
 
     >>> termination_cause(dg.DagsterRun(job_name="j", run_id="r", tags={}))
-    "a termination request (the run page's Terminate, GraphQL terminateRun or `dagster run terminate`)"
+    "a termination request (the run page's Terminate, or GraphQL terminateRun)"
     """
     if run.tags.get(CAPACITY_REASON_TAG) == CapacityReason.MAX_WAIT_EXCEEDED.value:
         return "gpufn, after its GPU step waited past its class's max_wait"
-    return "a termination request (the run page's Terminate, GraphQL terminateRun or `dagster run terminate`)"
+    return "a termination request (the run page's Terminate, or GraphQL terminateRun)"
 
 
 def report_terminated(context: Any, function: Function, rows_checkpointed: int) -> None:
@@ -210,6 +210,8 @@ class WorkerFigures:
     rows_adopted: int = 0  # rows whose values came from a killed run's checkpoints: checked, not computed
     parts_adopted: int = 0  # the checkpointed parts they came in, each checksum-verified
     parts_damaged: int = 0  # checkpointed parts that failed their checksum and were computed again
+    gpu_held_seconds: float | None = None  # a fan-out: its shards' GPUs held (x GPUs); None: not measured
+    gpu_idle_seconds: float | None = None  # of those, the time no Function call ran on them
 
     @classmethod
     def of(cls, function: Function, result: RefreshResult) -> WorkerFigures:
@@ -244,6 +246,7 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         "rows_computed": work.rows_computed,
         "rows_adopted": work.rows_adopted,
         "parts_adopted": work.parts_adopted,
+        "parts_damaged": work.parts_damaged,
         "rows_failed": result.rows_failed,
         "rows_retried_ok": len(result.recovered),
         "rows_checked": result.rows_checked,
@@ -270,8 +273,6 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["oom_splits"] = result.oom_splits
         metadata["batch_rows_that_fit"] = result.batch_rows_that_fit
     metadata.update({name: dg.FloatMetadataValue(value) for name, value in result.gpu.items()})
-    if work.parts_damaged:
-        metadata["parts_damaged"] = work.parts_damaged
     if result.fragments_compacted:
         metadata["fragments_compacted"] = result.fragments_compacted
     if result.versions_published:
@@ -281,6 +282,9 @@ def refresh_metadata(function: Function, gpu_class: GpuClass | None, result: Ref
         metadata["waited_for_other_refresh_seconds"] = dg.FloatMetadataValue(round(result.lease_wait_seconds, 1))
     if work.rows_computed:
         metadata["device"] = device_used(work.devices)
+    if work.gpu_held_seconds is not None:
+        metadata["gpu_held_seconds"] = dg.FloatMetadataValue(round(work.gpu_held_seconds, 3))
+        metadata["gpu_idle_seconds"] = dg.FloatMetadataValue(round(work.gpu_idle_seconds, 3))
     if work.gpu_seconds is not None:
         metadata.update(gpu_billing(function, gpu_class, work.gpu_seconds, bool(work.devices), work.load_seconds))
     return metadata

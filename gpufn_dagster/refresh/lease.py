@@ -43,6 +43,23 @@ def _stamp(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
+def _waiting_line(current: dict[str, Any], ends_with_run: bool) -> str:
+    """What a refresh waiting for the lease says. A lease no process holds (a fanned-out refresh's,
+    between its steps) may be a killed run's: the line says how to free it.
+
+    >>> print(_waiting_line({"holder": "run r1", "renewed_at": 0.0, "expires_at": 1e12, "pid": None}, True)[:128])
+    waiting for the refresh of this column by run r1 to finish (lease held since 1970-01-01T00:00:00Z at the latest renewal, expires
+    """
+    line = (f"waiting for the refresh of this column by {current['holder']} to finish (lease held since "
+            f"{_stamp(current['renewed_at'])} at the latest renewal, expires in "
+            f"{current['expires_at'] - time.time():.0f}s unless renewed); rows it computes will not be computed again")
+    if current.get("pid") is None and ends_with_run:
+        line += (f". If {current['holder']} was killed (its process gone, the run still STARTED), mark it ended -- "
+                 "Terminate, then Force termination, on its page; or DagsterInstance.report_run_canceled -- and this "
+                 "refresh takes the lease over at once, adopting what it checkpointed")
+    return line
+
+
 class ColumnLease:
     """The right to refresh one Function column; use as a context manager."""
 
@@ -142,10 +159,7 @@ class ColumnLease:
                 continue
             waited = time.monotonic() - started
             if self.on_wait and waited - last_report >= self.report_every:
-                self.on_wait(f"waiting for the refresh of this column by {current['holder']} to finish (lease held "
-                             f"since {_stamp(current['renewed_at'])} at the latest renewal, expires in "
-                             f"{current['expires_at'] - time.time():.0f}s unless renewed); rows it computes will not "
-                             "be computed again")
+                self.on_wait(_waiting_line(current, self.ended is not None))
                 last_report = waited
             time.sleep(self.poll)
         self.waited = time.monotonic() - started

@@ -107,6 +107,9 @@ class ShardResult:
     fragments_compacted: int = 0  # fragments whose Function files were made one after the commit (`compaction`)
     computed_rows: Any = None  # addresses of the rows given a value (`RefreshOptions.keep_rows`; else None)
     run_id: str | None = None  # the run whose step computed it (a re-execution reuses its parent's shards)
+    # How long its step held its GPUs (x GPUs): from taking its local slots (on its own pod: from
+    # the step's start) until it let them go; None: not measured (the engine alone, outside a step).
+    gpu_held_seconds: float | None = None
 
     @property
     def rows_per_second(self) -> float:

@@ -135,6 +135,13 @@ def test_one_fragment_is_spread_over_four_shard_processes_each_on_its_own_device
         assert all(len({d for _, d, p in made if p == pid}) == 1 for pid in {p for _, _, p in made})
         meta = materialization(instance, done.run_id)
         assert meta["workers"] == 4 and meta["rows_computed"] == 8000
+        # Each shard held its GPU slot for no longer than its step ran (Dagster's events), at least
+        # as long as its Function's calls; planning and committing held none.
+        spans = _step_spans(instance, done.run_id)
+        shards = {r["shard"]: r for r in (dict(row.data) for row in meta["shards"].records)}
+        assert all(0 < shards[i]["gpu_held_seconds"] <= spans[f"docs__shout.docs__shout_shard[shard_{i}]"] + 0.01
+                   for i in range(4))
+        assert abs(meta["gpu_held_seconds"] - sum(r["gpu_held_seconds"] for r in shards.values())) < 0.05
         assert all(value == text.upper() for text, value in table(db_uri).items())
         steps = {e.step_key for e in instance.all_logs(done.run_id, of_type=DagsterEventType.STEP_SUCCESS)}
         assert {f"docs__shout.docs__shout_shard[shard_{i}]" for i in range(4)} <= steps
@@ -333,6 +340,9 @@ def test_a_users_append_during_a_fanned_out_refresh_is_kept_and_the_launchpad_se
         assert done.status == DagsterRunStatus.SUCCESS, messages(instance, done.run_id)[-3000:]
         meta = materialization(instance, done.run_id)
         assert meta["workers_asked"] == 2 and meta["workers"] == 2
+        # Idle GPU time is what the shards held minus their Function's calls: each of the 4,000 rows
+        # slept 2 ms inside the call, so at least 8 s of what they held was not idle.
+        assert 0 < meta["gpu_idle_seconds"] <= meta["gpu_held_seconds"] - 4000 * 0.002
         values = table(db_uri)
         assert len(values) == 4100  # the appended rows are kept
         assert all(values[f"doc {i}"] == f"DOC {i}" for i in range(4000))
@@ -396,6 +406,13 @@ def test_fewer_shards_than_workers_asked_are_explained_in_the_plan_and_the_mater
                 and e.event_specific_data.step_output_handle.output_name == "plan")
     said = {k: v.value for k, v in plan.event_specific_data.metadata.items()}
     assert (said["workers_asked"], said["workers"]) == (8, 1) and "only 500 rows" in said["fewer_workers_because"]
+
+
+def _step_spans(instance, run_id: str) -> dict[str, float]:
+    """Each step's seconds from its start to its success, as Dagster recorded them."""
+    starts = {e.step_key: e.timestamp for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
+    return {e.step_key: e.timestamp - starts[e.step_key]
+            for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_SUCCESS)}
 
 
 def _code_server_version(monkeypatch) -> str:
