@@ -183,8 +183,8 @@ def fanout_figures(function: Function, plan: RefreshPlan, shards: list[ShardResu
     what the user waited), busy fraction and load summed over the shards this run computed, first
     values from the plan's start, GPU-seconds as each of those shards' wall time x its GPUs on the
     shards that saw a GPU; GPUs held (each shard's slots or pod, x its GPUs) and of that the time
-    idle, no Function call running (loading, reads, checkpoints: plan and commit hold none). A shard an earlier run computed (a re-execution reuses its output) and
-    rows a shard restored from a killed attempt's checkpoints are adopted, not computed by this run."""
+    idle, no Function call running (loading, reads, checkpoints: plan and commit hold none). A
+    shard an earlier run computed (a re-execution reuses its output) and rows a shard restored from a killed attempt's checkpoints are adopted, not computed by this run."""
     started = max(plan.started_at, run_started)
     ours = [s for s in shards if s.run_id in (None, run_id)]
     theirs = [s for s in shards if s.run_id not in (None, run_id)]

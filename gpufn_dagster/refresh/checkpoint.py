@@ -69,11 +69,11 @@ class CheckpointStore:
         data = self.files.read(name)
         if data is None:
             raise FileNotFoundError(f"checkpoint chunk {self.files.path(name)} vanished")
-        expected = name.rsplit("-", 1)[-1].removesuffix(".arrow")
-        if checksum(data) != expected:
+        expected, found = name.rsplit("-", 1)[-1].removesuffix(".arrow"), checksum(data)
+        if found != expected:
             self.files.delete(name)
             raise PartDamaged(f"checkpoint chunk {self.files.path(name)} failed its checksum (sha256 "
-                              f"{checksum(data)}, saved as {expected}); its rows are computed again")
+                              f"{found}, saved as {expected}); its rows are computed again")
         reader = pa.ipc.open_file(pa.py_buffer(data))
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         outcome = json.loads((reader.schema.metadata or {}).get(OUTCOME_KEY.encode(), b"{}"))

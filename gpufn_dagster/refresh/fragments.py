@@ -39,7 +39,7 @@ from ..function_spec.error_policy import over_budget
 from .execute import RowError, Rows
 from .plan import FragmentWork
 from .progress import Progress
-from .reads import ADDRESS, ROW_ID, cut_calls, live_offset, read_windows, row_offsets, split_address
+from .reads import ADDRESS, ROW_ID, cut_calls, live_counter, live_offset, read_windows, row_offsets, split_address
 from .shards import Piece
 from .signature import FAILED, row_signatures, scan_expressions
 from .slices import SLICE_FILE_PREFIX
@@ -401,10 +401,11 @@ def _segments(saved: dict[int, tuple[int, str]], start: int, end: int) -> list[t
     return segments
 
 
-def _adopt(attempt: Attempt, item: FragmentWork, start: int, end: int, name: str,
+def _adopt(attempt: Attempt, live: Callable[[int], int], start: int, end: int, name: str,
            write: Callable[[pa.RecordBatch], None] | None = None) -> Outcome | None:
-    """Use a saved chunk for rows [start, end): its batches to `write`, its outcome counted; None
-    when it failed its checksum (removed: the caller computes its rows)."""
+    """Use a saved chunk for physical rows [start, end) of a fragment (`live`: its `live_counter`):
+    its batches to `write`, its outcome counted; None when it failed its checksum (removed: the
+    caller computes its rows)."""
     try:
         batches, info = attempt.store.load_chunk(name)
     except PartDamaged as error:
@@ -413,8 +414,7 @@ def _adopt(attempt: Attempt, item: FragmentWork, start: int, end: int, name: str
     for batch in batches if write is not None else ():
         write(batch)
     outcome = Outcome.from_json(info, attempt.token)
-    fragment = attempt.dataset.get_fragment(item.fragment_id)
-    attempt.advance(live_offset(fragment, end) - live_offset(fragment, start),
+    attempt.advance(live(end) - live(start),
                     Outcome(errors=outcome.errors, computed=outcome.computed, adopted=outcome.adopted))
     attempt.adopted_part(outcome)
     return outcome
@@ -478,6 +478,7 @@ def _rewrite(attempt: Attempt, item: FragmentWork, segments: list[tuple[int, int
     writer = FragmentFileWriter(attempt.files, attempt.dataset, name, attempt.out_schema)
     total = Outcome()
     pending: _PendingChunk | None = None
+    live = live_counter(attempt.dataset.get_fragment(item.fragment_id))
 
     def finish(ready: _Staged) -> None:
         out, outcome = _outputs(attempt, ready)
@@ -488,7 +489,7 @@ def _rewrite(attempt: Attempt, item: FragmentWork, segments: list[tuple[int, int
         attempt.advance(ready.checked, outcome)
 
     for start, end, chunk in segments:
-        if chunk is not None and (outcome := _adopt(attempt, item, start, end, chunk, writer.write)) is not None:
+        if chunk is not None and (outcome := _adopt(attempt, live, start, end, chunk, writer.write)) is not None:
             total.add(outcome)
             continue
         if assemble and chunk is not None:  # it failed its checksum: the fragment is the next refresh's
@@ -534,9 +535,9 @@ def refresh_range(attempt: Attempt, item: FragmentWork, piece: Piece) -> Outcome
     if _finished_record(attempt, item) is not None:  # another attempt finished the whole fragment
         return Outcome()
     total = Outcome()
-
+    live = live_counter(attempt.dataset.get_fragment(item.fragment_id))
     for start, end, chunk in _segments(attempt.store.chunks(item), piece.start, piece.end):
-        if chunk is not None and (outcome := _adopt(attempt, item, start, end, chunk)) is not None:
+        if chunk is not None and (outcome := _adopt(attempt, live, start, end, chunk)) is not None:
             total.add(outcome)
             continue
         pending = _PendingChunk(attempt, item, start=start)

@@ -116,7 +116,10 @@ class ColumnLease:
         if self._dead(current):
             return "its process is gone"
         token = current.get("token")
-        if self.ended is not None and token and token != self.token and self.ended(token):
+        # Only a lease no process holds (a fanned-out refresh's, kept between its steps) can outlive
+        # its holder unseen; asking whether its run ended costs the run storage a query per poll.
+        if current.get("pid") is None and self.ended is not None and token and token != self.token \
+                and self.ended(token):
             return "its run has ended"
         if current.get("expires_at", 0) < time.time():
             return f"it expired {time.time() - current.get('expires_at', 0):.0f}s ago without being renewed"

@@ -49,12 +49,26 @@ def row_offsets(addresses: np.ndarray) -> np.ndarray:
 def live_offset(fragment: lance.LanceFragment, physical: int) -> int:
     """How many live rows come before physical row `physical`: where a scan starting there begins
     (scans count offsets in live rows). Reads only the row addresses, and only when rows were deleted."""
-    if physical <= 0:
-        return 0
+    return live_counter(fragment)(physical)
+
+
+def live_counter(fragment: lance.LanceFragment) -> Callable[[int], int]:
+    """`live_offset` of one fragment for many physical rows: its row addresses are read once, at
+    the first call, and only when rows were deleted."""
     if fragment.metadata.deletion_file is None:
-        return min(physical, fragment.metadata.physical_rows)
-    addresses = fragment.scanner(columns=[], with_row_address=True).to_table().column(ADDRESS).to_numpy()
-    return int(np.searchsorted(row_offsets(addresses), physical))
+        physical_rows = fragment.metadata.physical_rows
+        return lambda physical: max(0, min(physical, physical_rows))
+    offsets: list[np.ndarray] = []
+
+    def count(physical: int) -> int:
+        if physical <= 0:
+            return 0
+        if not offsets:
+            addresses = fragment.scanner(columns=[], with_row_address=True).to_table().column(ADDRESS).to_numpy()
+            offsets.append(row_offsets(addresses))
+        return int(np.searchsorted(offsets[0], physical))
+
+    return count
 
 
 def read_windows(fragment: lance.LanceFragment, columns: dict[str, str], read_rows: Callable[[], int],
