@@ -9,7 +9,10 @@
    over every slot first, as a session's first run finds neither).
    Reported: wall time of the run (from launch to its end, Dagster's start-up included) as this
    loop sees it (polled) and as Dagster records it (creation to end), and of its shard phase (first
-   shard start to last shard end), and the speed-up over N = 1 of each.
+   shard start to last shard end), and the speed-up over N = 1 of each; and the GPU-seconds the
+   shards held their slots and, of those, idle (no Function call running: the shard's start inside
+   its step, reads, checkpoints), as the run's materialization reports them (`gpu_held_seconds`,
+   `gpu_idle_seconds`), at each table size of `--rows` (a comma list: 10x apart shows the growth).
 2. `storage`: the same refresh (`refresh_column`, a trivial batch Function) of the same table on a
    local directory and on the object store (SeaweedFS on this machine, S3 API): rows/s of each and
    the ratio.
@@ -17,6 +20,7 @@
    fragment metadata only): its time, and how many fragments and rows it plans.
 
     .venv/bin/python bench/fanout_bench.py --rows 96000 --storage-rows 1000000 --plan-rows 10000000
+    .venv/bin/python bench/fanout_bench.py --only fanout --rows 30720,307200 --workers 1,8
 
 Writes bench/results/fanout.json and prints a Markdown table.
 """
@@ -56,7 +60,7 @@ BENCH_CLASS = ("name: bench\ngpu_model: SIMULATED\ngpu_memory: 16GiB\nmax_gpu_co
                "local: {slots: 8, devices: ['0', '1', '2', '3', '4', '5', '6', '7']}\n")
 
 
-def fanout(rows: int, workers: list[int]) -> list[dict]:
+def fanout(sizes: list[int], workers: list[int]) -> list[dict]:
     import lancedb
     import pyarrow as pa
     from dagster import DagsterEventType, DagsterRunStatus
@@ -115,7 +119,7 @@ def fanout(rows: int, workers: list[int]) -> list[dict]:
         # spreads a small table over every slot the largest N uses.
         fresh_table(max(workers) * 1024)  # 1,024 rows: the smallest shard
         run(max(workers))
-        for n in workers:
+        for rows, n in [(rows, n) for rows in sizes for n in workers]:
             fresh_table(rows)
             wait = time.monotonic() + 120
             while not all(w.ready() for w in instance.run_launcher.waiting) and time.monotonic() < wait:
@@ -131,15 +135,26 @@ def fanout(rows: int, workers: list[int]) -> list[dict]:
                             # loop's 0.2 s polls and queue-daemon passes (up to ~0.3 s on every run).
                             "run_recorded_seconds": round(record.end_time - record.create_timestamp.timestamp(), 2),
                             "shard_phase_seconds": round(max(ends) - min(starts), 2),
-                            "device_seconds": round(rows / BATCH * SLEEP, 1)})
+                            "device_seconds": round(rows / BATCH * SLEEP, 1), **_gpu_seconds(instance, run_id)})
             print(results[-1], flush=True)
-    one = results[0]
     for r in results:
+        one = next(o for o in results if o["rows"] == r["rows"])  # the fewest workers, same table
         r["speedup_run"] = round(one["run_seconds"] / r["run_seconds"], 2)
         r["speedup_run_recorded"] = round(one["run_recorded_seconds"] / r["run_recorded_seconds"], 2)
         r["speedup_shards"] = round(one["shard_phase_seconds"] / r["shard_phase_seconds"], 2)
     shutil.rmtree(base, ignore_errors=True)
     return results
+
+
+def _gpu_seconds(instance, run_id: str) -> dict:
+    """The GPU-seconds the run's materialization reports: held by its shards, and idle of those."""
+    from dagster import AssetKey
+
+    event = instance.get_latest_materialization_event(AssetKey("docs__size"))
+    assert event.run_id == run_id, (event.run_id, run_id)
+    metadata = event.asset_materialization.metadata
+    held, idle = metadata["gpu_held_seconds"].value, metadata["gpu_idle_seconds"].value
+    return {"gpu_held_seconds": held, "gpu_idle_seconds": idle, "gpu_idle_share": round(idle / held, 3)}
 
 
 def storage(rows: int) -> list[dict]:
@@ -206,7 +221,7 @@ def plan(rows: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=96_000, help="rows of the fan-out table")
+    parser.add_argument("--rows", default="96000", help="rows of the fan-out table (a comma list: each size)")
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--storage-rows", type=int, default=1_000_000)
     parser.add_argument("--plan-rows", type=int, default=10_000_000)
@@ -214,7 +229,7 @@ def main() -> None:
     args = parser.parse_args()
     results: dict = {}
     if args.only in (None, "fanout"):
-        results["fanout"] = fanout(args.rows, [int(n) for n in args.workers.split(",")])
+        results["fanout"] = fanout([int(r) for r in args.rows.split(",")], [int(n) for n in args.workers.split(",")])
     if args.only in (None, "storage"):
         results["storage"] = storage(args.storage_rows)
     if args.only in (None, "plan"):
@@ -222,12 +237,15 @@ def main() -> None:
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "fanout.json").write_text(json.dumps(results, indent=2))
     if "fanout" in results:
-        print("\n| workers | run s (polled) | run s (recorded) | shard phase s | device s (1 worker) | speed-up (run, polled) "
-              "| speed-up (run, recorded) | speed-up (shards) |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| rows | workers | run s (polled) | run s (recorded) | shard phase s | device s (1 worker) "
+              "| speed-up (run, polled) | speed-up (run, recorded) | speed-up (shards) | GPU s held | GPU s idle "
+              "| idle share |")
+        print("| --- |" + " --- |" * 11)
         for r in results["fanout"]:
-            print(f"| {r['workers']} | {r['run_seconds']} | {r['run_recorded_seconds']} | {r['shard_phase_seconds']} | "
-                  f"{r['device_seconds']} | {r['speedup_run']} | {r['speedup_run_recorded']} | {r['speedup_shards']} |")
+            print(f"| {r['rows']:,} | {r['workers']} | {r['run_seconds']} | {r['run_recorded_seconds']} | "
+                  f"{r['shard_phase_seconds']} | {r['device_seconds']} | {r['speedup_run']} | "
+                  f"{r['speedup_run_recorded']} | {r['speedup_shards']} | {r['gpu_held_seconds']} | "
+                  f"{r['gpu_idle_seconds']} | {r['gpu_idle_share']} |")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from ..refresh.results import RefreshPlan, ShardResult
 from ..refresh.shards import Shard
 from ..embedded.warm import warm_instances
 from .executor import steps_in_this_process
+from .gpu_time import held_since
 from ..embedded.slots import StepClass, step_slot
 from ..function_spec.functions import Function
 from ..tags import GPU_COUNT_TAG, SHARD_TAG
@@ -119,7 +120,7 @@ def _shard_op(function: Function, class_now: ClassNow, tags: dict[str, str],
             context.log.info(f"{name}: {progress.line()}")
 
         with step_slot(context, class_now(), function.gpu_count) as step:
-            held_from = time.monotonic()  # its GPUs are this step's from here until the slots are let go
+            held_from = held_since(context.run.tags, on_local_slot=step.held is not None)
             instances = warm_instances(step.gpu_class, step.held, context.log.info, steps_in_this_process())
             column = _column(context, lancedb, function, report=report, instances=instances,
                              keep_rows=spans_partitions(context))

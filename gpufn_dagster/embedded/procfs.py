@@ -9,6 +9,7 @@ them, the webserver that terminates a run, the test that checks none is left.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -67,6 +68,16 @@ def same_process(process_identity: str) -> int | None:
     if not pid.isdigit() or identity(int(pid)) != process_identity or not alive(int(pid)):
         return None
     return int(pid)
+
+
+def age_seconds(pid: int) -> float:
+    """Seconds since process `pid` started (its start in clock ticks since boot, to 10 ms).
+
+    >>> import os
+    >>> 0 <= age_seconds(os.getpid()) < 3600 * 24 * 365
+    True
+    """
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - int(stat_fields(pid)[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def running_module(module: str) -> list[int]:

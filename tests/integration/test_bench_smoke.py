@@ -36,6 +36,8 @@ CASES = {
     "partition_bench.py": (["--rows", "2000", "--days", "10"], "partitions / one =", False),
     "placement_bench.py": (["--runs", "3"], "| whole launch_run: GpuK8sRunLauncher", False),
     "queue_bench.py": (["--runs", "3", "--replay-runs", "200"], "runs estimated", True),  # 50 warm up
+    "scale_bench.py": (["--rows", "40000", "--small-rows", "4000", "--fragment-rows", "2000"],
+                       "| plan after 1 % changed |", True),  # SeaweedFS
     "queue_pass_bench.py": (["--steps", "3,6"], "| pass writing nothing (the steady pass's", False),
     "refresh_bench.py": (["--rows", "2000", "--small-rows", "1000", "--repeat", "1"], "| gpufn_incremental |", False),
     "row_cost_bench.py": (["--rows", "3000", "--repeat", "1"], "| signatures |", False),

@@ -119,6 +119,7 @@ def test_a_fanned_out_refresh_runs_through_a_deployment_of_pods_on_postgres_and_
         now = core.list_namespaced_pod(deployment.namespace, label_selector=f"dagster/run-id={run.run_id}").items
         return {p.metadata.labels["job-name"] for p in now if p.status.phase == "Succeeded"} == jobs
     wait_for(each_job_succeeded, timeout=120, what="a pod of every Job of the run exited 0")
+    _check_gpu_held_from_container_start(deployment.instance, run.run_id, core, deployment.namespace, gpu_jobs)
     computed = deployment.computed()
     assert len(computed) == 2 * FRAGMENT_ROWS and len(set(computed)) == 2 * FRAGMENT_ROWS  # each row once
     assert all(line.endswith("|True") for line in deployment.log.read_text().splitlines())  # inside the pods
@@ -267,6 +268,25 @@ def test_terminating_a_fanned_out_run_mid_refresh_deletes_its_pods_and_reexecuti
     assert recomputed == set(done_by_canceled) - checkpointed  # (only those computed after the last checkpoint)
     print(f"re-execution recomputed {len(recomputed)} of the {len(done_by_canceled)} rows the canceled run computed "
           f"({len(checkpointed)} checkpointed)")
+
+
+def _check_gpu_held_from_container_start(instance, run_id: str, core, namespace: str, gpu_jobs: set[str]) -> None:
+    """Each shard's GPU-seconds held count its pod's time before the step began (its process's
+    start, imports, the code location's load: at least half a second more than Dagster's step
+    span), and no more than its container ran (the kubelet's start and finish, to the second)."""
+    (event,) = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    meta = {k: v.value for k, v in event.dagster_event.event_specific_data.materialization.metadata.items()}
+    held = {r["shard"]: r["gpu_held_seconds"] for r in (dict(row.data) for row in meta["shards"].records)}
+    starts = {e.step_key: e.timestamp for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
+    spans = {int(e.step_key.rsplit("shard_", 1)[1].rstrip("]")): e.timestamp - starts[e.step_key]
+             for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_SUCCESS) if "_shard[" in e.step_key}
+    ran = [(c.state.terminated.finished_at - c.state.terminated.started_at).total_seconds()
+           for p in core.list_namespaced_pod(namespace, label_selector=f"dagster/run-id={run_id}").items
+           if p.metadata.labels["job-name"] in gpu_jobs and p.status.phase == "Succeeded"
+           for c in p.status.container_statuses]
+    assert sorted(held) == sorted(spans) == [0, 1], (held, spans)
+    assert all(spans[i] + 0.5 <= held[i] <= max(ran) + 2 for i in held), (held, spans, ran)
+    assert abs(meta["gpu_held_seconds"] - sum(held.values())) < 0.05, meta
 
 
 def _pods_text(core, namespace: str, *nodes: RealNode) -> str:

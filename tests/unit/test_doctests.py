@@ -19,7 +19,7 @@ MODULES = [
     "gpufn_dagster.refresh.slices", "gpufn_dagster.refresh.state", "gpufn_dagster.function_spec.partitions",
     "gpufn_dagster.assets.reporting", "gpufn_dagster.sample", "gpufn_dagster.assets.table_partitions",
     "gpufn_dagster.run.estimate", "gpufn_dagster.run.history", "gpufn_dagster.run.local_capacity",
-    "gpufn_dagster.embedded.coordinator", "gpufn_dagster.run.write_budget", "gpufn_dagster.run.kept_runs",
+    "gpufn_dagster.embedded.coordinator", "gpufn_dagster.run.write_budget", "gpufn_dagster.run.kept_runs", "gpufn_dagster.assets.gpu_time",
 ]
 
 
