@@ -18,7 +18,7 @@ Each figure is wall and process CPU seconds (every thread) and the plan's peak m
 largest resident set sampled every 2 ms while it ran, minus the resident set just before it.
 The 64 shards' computing is timed too, in this process, for scale (not a target).
 
-    .venv/bin/python bench/scale_bench.py --rows 100000000 --small-rows 10000000
+    .venv/bin/python bench/scale_bench.py --rows 100000000 --small-rows 10000000 --fragment-rows 100000
 
 Prints a Markdown table (paste into BENCHMARKS.md) and writes bench/results/scale.json.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -57,8 +58,6 @@ def _column(uri: str, options: dict[str, str], token: str):
 
 def _rss() -> int:
     with open("/proc/self/statm") as statm:
-        import os
-
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -149,7 +148,6 @@ def one_size(store, rows: int, fragment_rows: int) -> dict:
     assert computed == rows, (computed, rows)
     out["commit_64_shards"] = child("commit", uri, options, "fill")
     assert out["commit_64_shards"]["rows_total"] == rows
-    print(json.dumps(out), flush=True)
 
     build(uri, options, rows // 1000, fragment_rows, start=rows, mode="append")
     out["plan_after_append"] = child("plan", uri, options, "append")
@@ -167,10 +165,11 @@ CASES = [("plan, first fill", "plan_first_fill"), ("commit of 64 shards", "commi
 
 
 def table(small: dict, large: dict) -> str:
+    names = [name.replace("64", str(large["shards"]["count"])) for name, _ in CASES]  # fewer when the table is small
     lines = [f"| case | {small['rows']:,} rows ({small['fragments']} fragments): wall s | CPU s | peak MB "
              f"| {large['rows']:,} rows ({large['fragments']} fragments): wall s | CPU s | peak MB "
              "| 10x: wall | 10x: CPU | 10x: peak |", "| --- |" + " --- |" * 9]
-    for name, key in CASES:
+    for name, (_, key) in zip(names, CASES):
         s, b = small[key], large[key]
         lines.append(f"| {name} | {s['wall_s']:.3f} | {s['cpu_s']:.3f} | {s['peak_mb']:.1f} | {b['wall_s']:.3f} | "
                      f"{b['cpu_s']:.3f} | {b['peak_mb']:.1f} | {b['wall_s'] / s['wall_s']:.2f} | "
