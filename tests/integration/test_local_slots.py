@@ -318,14 +318,15 @@ def test_a_function_accepting_two_classes_takes_the_first_with_a_free_slot_and_s
         metadata = materialized.dagster_event.event_specific_data.materialization.metadata
         assert metadata["gpu_class"].value == "l4"  # billed at the class it got
 
-        third = submit(workspace, "docs__either", "docs__slow")  # now default is free: the first choice
+        # now default is free: the first choice. The choice runs alone: beside docs__slow in one run, which
+        # of the two steps claims default's one slot first is the executor's race, not the choice's rule.
+        third = submit(workspace, "docs__either")
         queue_pass()
         wait_for(lambda: "of class 'default', CUDA_VISIBLE_DEVICES=3 (first choice of default, l4)"
                  in " ".join(e.user_message for e in instance.all_logs(third)), timeout=180, what="the third on default")
         open_gate(3)
-        open_gate(4)
         assert finish(instance, queue_pass, third).status == DagsterRunStatus.SUCCESS
-        assert instance.get_run_by_id(third).tags["gpufn/gpu-class-got"] in {"default", "default,l4"}
+        assert instance.get_run_by_id(third).tags["gpufn/gpu-class-got"] == "default"
 
 
 def test_a_choice_whose_classes_are_all_held_waits_as_it_says_and_runs_once_its_step_holds_a_slot(
