@@ -153,6 +153,13 @@ def udf_function(target: Any) -> Any:
     return getattr(target, "_function", None)
 
 
+def data_file_path(data_file: Any) -> str:
+    """A Lance `DataFile`'s path (its private `_path`): the public `path` property builds a new
+    `str` subclass on every read (a backward-compatible callable), 4 us a file, which a plan
+    reading 1,000 fragments' files twice each pays for in full; `_path` is the same string."""
+    return data_file._path
+
+
 def stop_forkserver() -> None:
     """Kill and forget this process's multiprocessing forkserver: multiprocessing keeps one per
     process and has no public way to stop it; `ForkServer._stop` and its pid are what CPython's own
@@ -227,6 +234,13 @@ def _forkserver_private() -> bool:
     return hasattr(server, "_forkserver_pid") and callable(getattr(server, "_stop", None))
 
 
+def _data_file_keeps_path() -> bool:
+    from lance.fragment import DataFile
+
+    probe = DataFile("part.lance", [0])
+    return probe._path == "part.lance" == str(probe.path)
+
+
 def _udf_keeps_function() -> bool:
     import lancedb
 
@@ -271,6 +285,9 @@ REACHES: tuple[Reach, ...] = (
     Reach("dagster", "RepositoryLoadData; ReconstructableRepository.with_repository_load_data", "embedded.warm_worker",
           "a warm run worker loads its code location with what the code server kept, opening no table it read",
           _has("dagster._core.definitions.reconstruct:ReconstructableRepository", "with_repository_load_data")),
+    Reach("pylance", "DataFile._path (data_file_path)", "refresh.plan",
+          "a plan reads each fragment's file paths twice; the public property costs 20x the attribute",
+          _data_file_keeps_path),
     Reach("CPython", "multiprocessing.forkserver._forkserver, ._forkserver_pid, ._stop() (stop_forkserver)",
           "embedded.forkserver", "a forkserver started ahead that no longer fits the run is stopped",
           _forkserver_private),
@@ -281,4 +298,4 @@ __all__ = ["DATA_VERSION_TAG", "ROOT_RUN_ID_TAG", "EngineEventData", "ExecuteRun
            "reuse_alembic_scripts",
            "recon_repository_from_origin", "set_snowflake_partner_env_var", "LaunchRunContext", "ObjectMetadataValue", "RetryMode", "StepHandlerContext",
            "process_config", "HoldsInstance", "note_launched",
-           "k8s_api_host", "adopt_step_handler", "kept_at_definition", "keep_for_reconstruction", "step_key_of", "udf_function", "stop_forkserver", "Reach", "REACHES"]
+           "k8s_api_host", "adopt_step_handler", "kept_at_definition", "keep_for_reconstruction", "step_key_of", "udf_function", "data_file_path", "stop_forkserver", "Reach", "REACHES"]

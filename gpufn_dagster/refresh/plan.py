@@ -26,6 +26,7 @@ import lance
 import numpy as np
 
 from ..function_spec.functions import Function
+from ..private_ledger import data_file_path
 from .slices import slice_key, slice_rows
 from .state import ColumnState
 from .write import preorder
@@ -58,7 +59,7 @@ def field_ids(dataset: lance.LanceDataset, names: list[str] | tuple[str, ...]) -
 
 
 def _files_holding(fragment: lance.fragment.FragmentMetadata, ids: set[int]) -> list[str]:
-    return sorted(f.path for f in fragment.files if ids.intersection(f.fields))
+    return sorted(data_file_path(f) for f in fragment.files if ids.intersection(f.fields))
 
 
 def _key(*parts: str) -> str:
