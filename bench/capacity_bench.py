@@ -13,6 +13,8 @@ mismatches on the others'). Per N, in a namespace and a database of its own:
   first in line first until the tick's write budget, `write_budget.WRITE_SECONDS`, is spent; the
   rest on the next ticks), and the first few ticks after it (how many runs a tick tells);
 - a tick allowed to write nothing, twice: what the steady tick costs (its reads and decisions);
+  and once more as a minute on, when no run was updated within the kept runs' overlap (the line
+  has stood still), so the tick reads none of them again;
 - a tick in which each class's line moves (one GPU freed per class: its first run is scheduled,
   the others move up one place);
 - the per-run alternative a user would reach for, what dagster-k8s's health check and debug info
@@ -37,6 +39,7 @@ from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.class_files import load_gpu_classes
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
+from gpufn_dagster.run.kept_runs import OVERLAP_SECONDS
 from gpufn_dagster.run.write_budget import WRITE_SECONDS
 from gpufn_dagster.tags import CAPACITY_TAG, CLASS_LABEL, COUNT_LABEL, run_gpu_tags
 from gpufn_devcluster.cluster import DevCluster, binaries_dir
@@ -124,6 +127,12 @@ def measure(cluster: DevCluster, classes: dict, instance, namespace: str, runs: 
     for label in ("tick writing nothing (the steady tick's reads and decisions)", "the same again"):
         wall, cpu, report = timed(watcher.tick)
         out[label] = (wall, cpu, f"{report.left_out} updates not written")
+    # ... and once the line has stood still for a minute: no run was updated within the kept runs'
+    # overlap, so the tick reads none again (the kept runs' clock moved on, not the machine's).
+    watcher.runs.clock = lambda: time.time() + OVERLAP_SECONDS + 1
+    wall, cpu, report = timed(watcher.tick)
+    out["the same a minute on (no run updated since)"] = (wall, cpu, f"{report.left_out} updates not written")
+    watcher.runs.clock = time.time
     watcher.write_seconds = WRITE_SECONDS
     for nodes in gpu_nodes_by_class.values():  # one GPU of each class frees: the first in line gets it
         core.delete_namespaced_pod(f"take-{nodes[0]}", f"{namespace}-takers", grace_period_seconds=0)

@@ -106,6 +106,25 @@ def test_full_pool_run_waits_says_why_and_starts_when_capacity_frees(core, names
     assert class_gauges(instance, "a100-80gb") == ("gpu", gpus, 2, 0, 0)  # its 2 GPUs in use, none waiting
 
 
+def test_an_autoscalers_reaction_to_a_waiting_pod_is_reported_from_its_event(core, namespace, instance, watcher,
+                                                                           full_a100_pool):
+    """The tick lists a pod's events less the scheduler's FailedScheduling (one per waiting pod, whose
+    words the pod's condition carries): the autoscalers' reactions still reach the run's page."""
+    run_id = materialize(instance, "frames__emb_a100")
+    wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+    watcher.tick()
+    (first,) = [m for m in event_metadata(instance, run_id) if "Requested" in m]
+    assert first["Autoscaler"] == "no reaction"
+    pod = run_pod(core, namespace, run_id)
+    core.create_namespaced_event(namespace, {
+        "metadata": {"name": f"{pod.metadata.name}.scaleup"}, "reason": "TriggeredScaleUp", "type": "Normal",
+        "message": "pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}]", "source": {"component": "cluster-autoscaler"},
+        "involvedObject": {"kind": "Pod", "name": pod.metadata.name, "namespace": namespace, "uid": pod.metadata.uid}})
+    watcher.tick()
+    waits = [m for m in event_metadata(instance, run_id) if "Requested" in m]
+    assert [m["Autoscaler"] for m in waits] == ["no reaction", "TriggeredScaleUp"], waits
+
+
 def test_second_waiting_run_gets_position_two(core, namespace, instance, watcher, full_a100_pool):
     first = materialize(instance, "frames__emb_a100")
     wait_for(lambda: unschedulable(core, namespace, first), what="first Unschedulable")

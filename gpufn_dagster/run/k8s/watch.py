@@ -51,7 +51,7 @@ from ...tags import (CLASS_LABEL, CLASSES_ANNOTATION, COUNT_LABEL, GOT_CLASS_ANN
                     RUN_GPU_COUNT_TAG, CapacityState, KueueState, RunKind, waiting_since)
 from .. import kueue
 from ...device_cel import DeviceCount
-from ..capacity import (Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, dra_gpus,
+from ..capacity import (AUTOSCALER_REASONS, Decision, Verdict, class_gpus, class_nodes, decide, decide_admitted, decide_without_pod, dra_gpus,
                        kueue_verdict, pod_verdict, queue_positions, write_order)
 from ..claims import class_got
 from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, store_gauges
@@ -64,7 +64,10 @@ from ..run_plan import choice_note, release_ended_runs, tag_got_class
 from ..write_budget import WRITE_SECONDS, WriteBudget
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-_EVENT_REASONS = {"FailedScheduling", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated", "ScaleUpTimedOut"}
+# The events a tick lists: about pods, less the scheduler's FailedScheduling, one per waiting pod
+# (most of the list's bytes at 10,000 waiting pods), whose words the pod's PodScheduled condition
+# already carries; what a tick reads from events is the autoscalers' reactions (`capacity.AUTOSCALER_REASONS`).
+_EVENTS_LISTED = "involvedObject.kind=Pod,reason!=FailedScheduling"
 
 
 def gpu_runs() -> KeptRuns:
@@ -288,7 +291,7 @@ class CapacityWatcher:
 
     def _observe(self) -> _Seen:
         """Every list the tick reads, before it touches a run: GPU pods and Jobs (by label), the GPU
-        runs starting (and those placed per step), the scheduler's events, nodes and Kueue's Workloads."""
+        runs starting (and those placed per step), the autoscalers' events, nodes and Kueue's Workloads."""
         pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
         jobs = self._jobs(label_selector=CLASS_LABEL)
         kept = self.runs.read(self.instance)
@@ -499,13 +502,13 @@ class CapacityWatcher:
         return statuses
 
     def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
-        """The scheduler's and autoscalers' events about pods that are not bound yet, by pod name."""
+        """The autoscalers' events about pods that are not bound yet, by pod name."""
         events: dict[str, list[Any]] = defaultdict(list)
         if not waiting_pods:
             return events
         for event in self._list(self.core.list_namespaced_event, self.core.list_event_for_all_namespaces,
-                                field_selector="involvedObject.kind=Pod"):
-            if event.involved_object.name in waiting_pods and event.reason in _EVENT_REASONS:
+                                field_selector=_EVENTS_LISTED):
+            if event.reason in AUTOSCALER_REASONS and event.involved_object.name in waiting_pods:
                 events[event.involved_object.name].append(event)
         return events
 
