@@ -68,6 +68,10 @@ def session(name: str, work: Path, appends: int, rows: int, keep_warm: bool, war
     lancedb.connect(str(db)).create_table("docs", sample_docs(table_rows), storage_options=STABLE_ROW_IDS)
     env = {**os.environ, "DAGSTER_HOME": str(home), "GPUFN_LANCEDB_URI": str(db), "GPUFN_CLASSES_DIR": str(classes),
            "PYTHONWARNINGS": "ignore"}
+    # The instance's SQLite storage is made here, before dagster dev starts: made by two processes at
+    # once, alembic stamped it twice ("more than one head present"), the code server died and the
+    # sensor never ticked while dagster dev itself stayed up.
+    DagsterInstance.from_config(str(home)).dispose()
     port = processes.free_port()
     server = processes.start([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
                              cwd=ROOT, env=env, log=base / "dagster-dev.log")
