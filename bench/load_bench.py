@@ -2,7 +2,8 @@
 each, where the location is defined (a code server, `dagster dev`) and where it is reconstructed
 (each run worker and step process), beside the release before (`--baseline`, d73661a: its
 package from git, imported in place of this one), whose check opened each Function's table in
-every process that loaded the location.
+every process that loaded the location; and the code server given the schemas state file that
+`gpufn refresh-state` writes (`state`), which opens no table.
 
 Each figure is one fresh process timing `build_definitions` alone (imports excluded, they do not
 grow with Functions): wall seconds, process CPU seconds, tables opened; medians of `--repeat`.
@@ -27,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = ("define", "reconstruct", "baseline")
+MODES = ("define", "state", "reconstruct", "baseline")
 
 CHILD = r'''
 import json, os, sys, time
@@ -53,6 +54,13 @@ def counting(self, name, *args, **kwargs):
 lancedb.db.LanceDBConnection.open_table = counting
 
 assets = [gpu_function(table=f"t{i % tables}", column=f"c{i}")(upper) for i in range(functions)]
+state = {"schemas_state": kept_path + ".state.json"} if mode in ("state", "refresh") else {}
+if mode == "refresh":  # what `gpufn refresh-state` does, ahead of the timed load from its file
+    from gpufn_dagster.assets.table_schemas import refreshing
+    with refreshing():
+        build_definitions(assets=assets, db_uri=uri, storage_options=options, **state)
+    print("{}")
+    sys.exit(0)
 if mode == "reconstruct":
     context = DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION, RepositoryLoadData(
         cacheable_asset_data={}, reconstruction_metadata=json.loads(open(kept_path).read())))
@@ -60,7 +68,7 @@ else:
     context = DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)
 with DefinitionsLoadContext.scoped(context):
     cpu, wall = time.process_time(), time.perf_counter()
-    build_definitions(assets=assets, db_uri=uri, storage_options=options)
+    build_definitions(assets=assets, db_uri=uri, storage_options=options, **state)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 if mode == "define":
     open(kept_path, "w").write(json.dumps(dict(context.get_pending_reconstruction_metadata())))
@@ -112,6 +120,8 @@ def measure(storage: str, uri: str, options: dict | None, repeat: int, sizes: li
                 for _ in range(repeat):
                     if mode == "reconstruct":  # what the code server kept for this very location
                         child(uri, functions, tables, "define", kept, options)
+                    if mode == "state":  # the state file `gpufn refresh-state` writes for it
+                        child(uri, functions, tables, "refresh", kept, options)
                     runs.append(child(uri, functions, tables, "define" if mode == "baseline" else mode, kept, options,
                                       baseline if mode == "baseline" else None))
                 rows.append({"storage": storage, "layout": layout, "functions": functions, "tables": tables, "mode": mode,
@@ -128,7 +138,8 @@ def table(rows: list[dict], sizes: list[int], baseline: str) -> str:
     lines = [f"| storage | layout | load | {small} Functions: wall s / CPU s / opens | {big} Functions: wall s / CPU s / opens "
              f"| {big}/{small} wall | {big}/{small} CPU |", "|---|---|---|---|---|---|---|"]
     keyed = {(r["storage"], r["layout"], r["mode"], r["functions"]): r for r in rows}
-    names = {"define": "define (code server)", "reconstruct": "reconstruct (run worker, step)",
+    names = {"define": "define (code server)", "state": "define from a schemas state file (code server)",
+             "reconstruct": "reconstruct (run worker, step)",
              "baseline": f"{baseline} (every process)"}
     for storage, layout, mode in dict.fromkeys((r["storage"], r["layout"], r["mode"]) for r in rows):
         a, b = keyed[(storage, layout, mode, small)], keyed[(storage, layout, mode, big)]

@@ -1,5 +1,5 @@
 """The `gpufn` command: list GPU classes, serve the HTTP API, show the capacity queue,
-write Kueue manifests, append example data.
+write Kueue manifests, write a code location's schemas state, append example data.
 
 The development control plane has its own command, `gpufn-devcluster`, in the checkout-only
 `gpufn-devcluster` distribution (`devcluster/`), so the runtime wheel ships none of it.
@@ -193,6 +193,42 @@ def kueue_manifests(classes_dir: str | None, namespace: str, gpus: tuple[str, ..
         raise click.ClickException("no class is in Kueue mode: add a `kueue: {local_queue: ...}` block to a class "
                                    "file, or name one with --local-queue")
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+@main.command("refresh-state")
+@click.option("-f", "--python-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The file defining the code location (as `dagster dev -f` takes it).")
+@click.option("-m", "--module-name", help="The module defining it (as `dagster dev -m` takes it).")
+def refresh_state(python_file: Path | None, module_name: str | None) -> None:
+    """Write the tables' schemas of each `build_definitions(schemas_state=...)` a code location runs,
+    so its code server then loads it without opening a table.
+
+    Run it where the tables are reachable, as `dg utils refresh-defs-state` is run for a state-backed
+    component: a deploy step, an image build, or by hand after a table's columns change.
+
+    \b
+    Example:
+        gpufn refresh-state -f definitions.py
+    """
+    import importlib
+    import runpy
+
+    from .assets.table_schemas import refreshing
+
+    if (python_file is None) == (module_name is None):
+        raise click.UsageError("name the code location with one of -f FILE or -m MODULE")
+    target = str(python_file) if python_file is not None else module_name
+    sys.path.insert(0, str(python_file.resolve().parent) if python_file is not None else os.getcwd())
+    with refreshing() as written:
+        if python_file is not None:
+            runpy.run_path(str(python_file), run_name=python_file.stem)
+        else:
+            importlib.import_module(module_name)
+    if not written:
+        raise click.ClickException(f"{target}: no build_definitions(schemas_state=...) ran, so there is no state "
+                                   "file to write: pass schemas_state to build_definitions")
+    for path, db_uri, tables in written:
+        click.echo(f"wrote {path}: the schemas of {len(tables)} table(s) of {db_uri} ({', '.join(tables)})")
 
 
 @main.command("append-docs")

@@ -14,6 +14,7 @@ exist before either has run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -29,7 +30,7 @@ from .asset_spec import declared_in, function_of
 from .function_asset import function_asset
 from .resources import LanceDBResource, default_db_uri
 from .table_partitions import observes_rows, rows_asset_key, table_rows_assets
-from .table_schemas import table_schemas
+from .table_schemas import confirmed, table_schemas
 
 
 def _functions(assets: Sequence[Any]) -> dict[dg.AssetKey, Function]:
@@ -85,15 +86,30 @@ def with_table_uri(asset: Any, db_uri: str) -> Any:
     return asset.map_asset_specs(lambda spec: spec.replace_attributes(metadata={**spec.metadata, "table_uri": uri}))
 
 
-def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
+def check_tables(assets: Sequence[Any], lancedb: LanceDBResource, schemas_state: Path | None = None) -> None:
     """Every Function's table exists (or an asset here produces it) and has the Function's inputs
     (or another Function here computes them), each of a type that can be an input.
 
-    The schemas come from `table_schemas`: read once per table where the code location is defined,
-    and in a run worker or step process from what that read kept, without opening the database."""
+    The schemas come from `table_schemas`: read once per table where the code location is defined
+    (or from its `schemas_state` file, opening no table), and in a run worker or step process from
+    what that load kept, without opening the database. Problems found in a state file's snapshot are
+    confirmed on the tables themselves before the load fails."""
+    functions = list(_functions(assets).values())
+    tables = {function.table for function in functions}
+    schemas, from_state = table_schemas(lancedb, tables, schemas_state)
+    problems = table_problems(assets, schemas, lancedb)
+    if problems and from_state:
+        problems = table_problems(assets, confirmed(lancedb, tables), lancedb)
+    if problems:
+        raise FunctionDefinitionError("\n".join(problems))
+
+
+def table_problems(assets: Sequence[Any], schemas: dict[str, Any], lancedb: LanceDBResource) -> list[str]:
+    """What `check_tables` finds wrong with the Functions among `assets`, judged on `schemas` (each
+    Function's table's, None for a table that does not exist), one line each naming the Function and
+    the field."""
     keys = {key for asset in assets if isinstance(asset, dg.AssetsDefinition) for key in asset.keys}
     functions = list(_functions(assets).values())
-    schemas = table_schemas(lancedb, {function.table for function in functions})
     problems = []
     for asset in assets:
         function = function_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
@@ -126,8 +142,7 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource) -> None:
                 problems.append(f"{where}Function {function.name!r}: field 'inputs': column {name!r} of table "
                                 f"{function.table!r} has type {schema.field(name).type}, which cannot be an input "
                                 f"({reason})")
-    if problems:
-        raise FunctionDefinitionError("\n".join(problems))
+    return problems
 
 
 def _capacity_assets(sensors: Sequence[Any]) -> list[dg.AssetSpec]:
@@ -152,6 +167,7 @@ def build_definitions(
     asset_checks: Sequence[Any] = (),
     resources: dict[str, Any] | None = None,
     executor: Any = None,
+    schemas_state: str | Path | None = None,
 ) -> dg.Definitions:
     """Definitions for Functions, views and ordinary assets sharing one LanceDB database.
 
@@ -175,9 +191,23 @@ def build_definitions(
             its class at launch). Pass `dagster.multiprocess_executor` for never (a run mixing
             classes is then refused on Kubernetes). Not `dagster_k8s.k8s_job_executor`: its step pods
             would carry no class, so the GPU launcher refuses a GPU run on it.
+        schemas_state: a file holding the tables' schemas, which `gpufn refresh-state` writes: where
+            it exists (for this `db_uri`), loading the definitions opens no table (a code server
+            starts without a round trip to the object store); a problem it shows is confirmed on the
+            tables before the load fails. Without it the code server reads each table once.
+
+    Example:
+        >>> import tempfile, lancedb, pyarrow as pa
+        >>> from gpufn_dagster import gpu_function
+        >>> db_uri = tempfile.mkdtemp()
+        >>> _ = lancedb.connect(db_uri).create_table("docs", pa.table({"text": ["a b"]}))
+        >>> def upper(text: str) -> str: return text.upper()
+        >>> defs = build_definitions(assets=[gpu_function(table="docs", column="loud")(upper)], db_uri=db_uri)
+        >>> sorted(key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys())
+        ['docs', 'docs__loud']
     """
     database = LanceDBResource(uri=db_uri or default_db_uri(), storage_options=dict(storage_options or {}))
-    check_tables(assets, database)
+    check_tables(assets, database, Path(schemas_state) if schemas_state is not None else None)
     defined = {key for asset in assets for key in (asset.keys if isinstance(asset, dg.AssetsDefinition)
                                                    else [getattr(asset, "key", None)])}
     rows = table_rows_assets(_functions(assets).values(), defined)

@@ -1,5 +1,6 @@
 """Loading a code location reads its tables once, where it is defined; a run's worker and its step
-processes open no table and no database to load it (issue 41 item 3).
+processes open no table and no database to load it (issue 41 item 3); with a schemas state file
+that `gpufn refresh-state` wrote, the code server opens none either.
 
 The code location here has six Functions on two tables and counts, in every process that loads it,
 the databases connected and the tables opened while `build_definitions` runs, with Dagster's load
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lancedb
@@ -59,7 +62,7 @@ try:
     defs = build_definitions(assets=[
         *(gpu_function(table="docs", column=f"upper_{i}")(upper) for i in range(4)),
         *(gpu_function(table="notes", column=f"length_{i}")(length) for i in range(2)),
-    ])
+    ], schemas_state=os.environ.get("GPUFN_TEST_STATE"))
 finally:
     lancedb.connect, lancedb.db.LanceDBConnection.open_table = real_connect, real_open
 with open(os.environ["GPUFN_TEST_LOADS"], "a") as log:
@@ -124,3 +127,31 @@ def test_runs_workers_and_steps_open_no_table_to_load_the_code_location(tmp_path
         db = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"])
         assert db.open_table("notes").to_arrow().column("length_0").to_pylist() == [1, 2]
         assert db.open_table("docs").to_arrow().column("upper_2").to_pylist() == [f"D{i}" for i in range(6)]
+
+
+def test_a_code_server_given_the_state_gpufn_refresh_state_wrote_opens_no_table_and_its_runs_compute(
+        tmp_path, monkeypatch, classes_dir):
+    """The README's deploy step, `gpufn refresh-state -f definitions.py`, run as written where the
+    code location is; the code server loading the location afterwards (a reload, as a deploy starts
+    a new one) connects to no database and opens no table, and a run of it computes from the tables."""
+    defs = tmp_path / "counting_defs.py"
+    defs.write_text(COUNTING_DEFS)
+    log = tmp_path / "loads.jsonl"
+    monkeypatch.setenv("GPUFN_TEST_LOADS", str(log))
+    monkeypatch.setenv("GPUFN_TEST_STATE", str(tmp_path / "schemas_state.json"))
+    lancedb.connect(tmp_path / "lancedb").create_table("notes", pa.table({"id": [0, 1], "text": ["a", "bb"]}))
+    with embedded(tmp_path, monkeypatch, classes_dir, defs=defs) as (instance, workspace, queue_pass, _open):
+        wrote = subprocess.run([str(Path(sys.executable).parent / "gpufn"), "refresh-state", "-f", defs.name],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert wrote.returncode == 0, wrote.stderr[-3000:]
+        assert "the schemas of 2 table(s)" in wrote.stdout and "(docs, notes)" in wrote.stdout, wrote.stdout
+        log.write_text("")
+        workspace.reload_code_location("local_slots")
+        defined = [load for pid_loads in loads(log).values() for load in pid_loads]
+        assert [(load["load"], load["connected"], load["opened"]) for load in defined] == [("INITIALIZATION", 0, [])]
+
+        run = submit(workspace, "docs__upper_0", "notes__length_0")
+        assert finish(instance, queue_pass, run).status == DagsterRunStatus.SUCCESS
+        db = lancedb.connect(os.environ["GPUFN_LANCEDB_URI"])
+        assert db.open_table("notes").to_arrow().column("length_0").to_pylist() == [1, 2]
+        assert db.open_table("docs").to_arrow().column("upper_0").to_pylist() == [f"D{i}" for i in range(6)]

@@ -43,3 +43,22 @@ def test_capacity_finds_the_project_home_or_says_what_to_do(tmp_path: Path):
     found = run(["capacity", "--json"], tmp_path)
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout) == {}
+
+
+def test_refresh_state_says_what_is_missing_and_writes_a_modules_state(tmp_path: Path):
+    """`gpufn refresh-state` on a code location with no schemas_state names the file and what to pass;
+    with neither -f nor -m it says to name one; `-m` writes the module's state file."""
+    (tmp_path / "plain_defs.py").write_text("import dagster as dg\ndefs = dg.Definitions()\n")
+    done = run(["refresh-state", "-f", "plain_defs.py"], tmp_path)
+    assert done.returncode == 1 and "plain_defs.py: no build_definitions(schemas_state=...) ran" in done.stderr
+    done = run(["refresh-state"], tmp_path)
+    assert done.returncode == 2 and "one of -f FILE or -m MODULE" in done.stderr
+    (tmp_path / "stated_defs.py").write_text(
+        "import lancedb, pyarrow as pa\nfrom gpufn_dagster import build_definitions, gpu_function\n"
+        "lancedb.connect('db').create_table('docs', pa.table({'text': ['a']}), exist_ok=True)\n"
+        "def upper(text: str) -> str:\n    return text.upper()\n"
+        "defs = build_definitions(assets=[gpu_function(table='docs', column='loud')(upper)], db_uri='db',"
+        " schemas_state='state/schemas.json')\n")
+    done = run(["refresh-state", "-m", "stated_defs"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "state" / "schemas.json").read_text())["db_uri"] == "db"
