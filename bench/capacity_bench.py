@@ -15,6 +15,8 @@ mismatches on the others'). Per N, in a namespace and a database of its own:
 - a tick allowed to write nothing, twice: what the steady tick costs (its reads and decisions);
   and once more as a minute on, when no run was updated within the kept runs' overlap (the line
   has stood still), so the tick reads none of them again;
+- the same steady ticks as the `gpu_capacity` sensor makes them, its pods, events and nodes kept
+  current by watches (`informers`) after its first tick, which lists them;
 - a tick in which each class's line moves (one GPU freed per class: its first run is scheduled,
   the others move up one place);
 - the per-run alternative a user would reach for, what dagster-k8s's health check and debug info
@@ -38,6 +40,7 @@ from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test, instance_for_test
 
 from gpufn_dagster.class_files import load_gpu_classes
+from gpufn_dagster.run.k8s.informers import Informers
 from gpufn_dagster.run.k8s.watch import CapacityWatcher
 from gpufn_dagster.run.kept_runs import OVERLAP_SECONDS
 from gpufn_dagster.run.write_budget import WRITE_SECONDS
@@ -133,6 +136,22 @@ def measure(cluster: DevCluster, classes: dict, instance, namespace: str, runs: 
     wall, cpu, report = timed(watcher.tick)
     out["the same a minute on (no run updated since)"] = (wall, cpu, f"{report.left_out} updates not written")
     watcher.runs.clock = time.time
+    # The sensor's ticks: the first lists and starts the watches, the next read what they keep.
+    informers = Informers()
+    sensor = CapacityWatcher(instance, core, batch, classes, namespace, deadline_seconds=120, write_seconds=0.0,
+                             runs=watcher.runs, informers=informers)
+    wall, cpu, report = timed(sensor.tick)
+    out["sensor's first tick writing nothing (lists, starts the watches)"] = (wall, cpu, "")
+    time.sleep(2)
+    for label in ("sensor's steady tick (kept lists, writing nothing)", "the same again "):
+        wall, cpu, report = timed(sensor.tick)
+        assert sum(r.waiting for r in report.classes.values()) == runs, report.summary()
+        out[label] = (wall, cpu, f"{report.left_out} updates not written")
+    watcher.runs.clock = lambda: time.time() + OVERLAP_SECONDS + 1
+    wall, cpu, report = timed(sensor.tick)
+    out["the sensor's a minute on (kept lists, no run updated since)"] = (wall, cpu, "")
+    watcher.runs.clock = time.time
+    informers.stop()
     watcher.write_seconds = WRITE_SECONDS
     for nodes in gpu_nodes_by_class.values():  # one GPU of each class frees: the first in line gets it
         core.delete_namespaced_pod(f"take-{nodes[0]}", f"{namespace}-takers", grace_period_seconds=0)

@@ -16,6 +16,7 @@ of what a run shows is here, testable without Kubernetes or Dagster.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +57,7 @@ class SchedulerReasons:
         return "; ".join(f"{reason}: {count} of {self.nodes} nodes" for reason, count in parts)
 
 
+@functools.lru_cache(maxsize=4096)  # the same few messages on every waiting pod, every tick
 def parse_scheduler_message(message: str) -> SchedulerReasons | None:
     """The scheduler's message as a histogram of reasons, None when it is not of that form.
 
@@ -92,7 +94,7 @@ def _get(obj: Any, *path: str) -> Any:
     for key in path:
         if obj is None:
             return None
-        obj = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+        obj = obj.get(key) if isinstance(obj, dict) or isinstance(obj, Mapping) else getattr(obj, key, None)
     return obj
 
 
@@ -327,15 +329,16 @@ def _decide(verdict: Verdict, previous: Mapping[str, str], gpu_class: GpuClass, 
             return _position_moved(previous, position, place, gpu_class, now, waited, in_queue)
         autoscaler = f" Autoscaler: {', '.join(verdict.autoscaler)}." if verdict.autoscaler else ""
         reason = verdict.reason if verdict.reason in _KUEUE_REASONS else CapacityReason.UNSCHEDULABLE.value
+        since_tag = time_tag(since)
         return Decision(
             CapacityState.WAITING,
             {CAPACITY_TAG: CapacityState.WAITING.value, CAPACITY_REASON_TAG: reason,
-             WAITING_SINCE_TAG: time_tag(since), CAPACITY_REPORTED_TAG: digest,
+             WAITING_SINCE_TAG: since_tag, CAPACITY_REPORTED_TAG: digest,
              **({QUEUE_POSITION_TAG: position_tag, POSITION_SAID_TAG: f"{position_tag} at {time_tag(now)}"}
                 if position_tag else {})},
-            Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {time_tag(since)}"
+            Event(f"Waiting for GPU capacity: class {gpu_class.name!r}, {request}, since {since_tag}"
                   f"{'; ' + place if place else ''}. {verdict.source}: {verdict.message}{autoscaler}",
-                  {"GPU class": gpu_class.name, "Requested": request, "Waiting since": time_tag(since),
+                  {"GPU class": gpu_class.name, "Requested": request, "Waiting since": since_tag,
                    f"{verdict.source.split(' ')[0]} message": verdict.message,
                    "Reasons": verdict.reasons.summary() if verdict.reasons else verdict.message,
                    "Position": f"{position[0]} of {position[1]}" if position else "",

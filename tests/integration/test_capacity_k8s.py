@@ -501,3 +501,87 @@ def test_the_shards_of_a_refresh_accepting_two_classes_fill_the_first_pool_then_
     got = sorted((m["Step"], m["GPU class got"]) for m in event_metadata(instance, run_id) if "GPU class got" in m)
     assert [c for _, c in got] == ["a100-80gb", "a100-80gb", "h100-80gb", "h100-80gb"], got
     assert class_gauges(instance, "a100-80gb")[2] == class_gauges(instance, "h100-80gb")[2] == 16
+
+
+class _CountedCore(kubernetes.client.CoreV1Api):
+    """The real core API, counting the pod lists made through it (a watch is not a list)."""
+
+    pod_lists = 0
+
+    def list_namespaced_pod(self, *args, **kwargs):
+        if not kwargs.get("watch"):
+            self.pod_lists += 1
+        return super().list_namespaced_pod(*args, **kwargs)
+
+
+def test_a_watchers_kept_lists_follow_its_pods_between_ticks_without_listing_them_again(
+        cluster, core, namespace, instance, classes_dir, full_a100_pool):
+    """Under the sensor, ticks after the first judge pods the watches kept current: a run that waits
+    is still seen waiting, and seen scheduled once room frees, with no pod listed again; a watch
+    that ended makes the next tick list afresh."""
+    from gpufn_dagster.run.k8s.informers import Informers
+
+    counted, informers = _CountedCore(cluster.api_client()), Informers()  # the sensor keeps one
+    watcher = CapacityWatcher(instance, counted, kubernetes.client.BatchV1Api(cluster.api_client()),
+                              load_gpu_classes(classes_dir), namespace, informers=informers)
+    try:
+        run_id = materialize(instance, "frames__emb_a100")
+        wait_for(lambda: unschedulable(core, namespace, run_id), what="Unschedulable")
+        watcher.tick()
+        assert instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "waiting"
+        assert counted.pod_lists == 1
+        for _ in range(3):
+            report = watcher.tick()
+            assert report.classes["a100-80gb"].waiting == 1, report.summary()
+        assert counted.pod_lists == 1 and len(wait_reasons(instance, run_id)) >= 1
+
+        core.patch_namespaced_pod("fill-1", namespace, {"metadata": {"labels": {"gpufn.dev/fake-outcome": "succeed"}}})
+        node = wait_for(lambda: run_pod(core, namespace, run_id).spec.node_name, timeout=60, what="scheduled")
+        # The watch brings the pod's binding: a tick or a few (its latency) see it, none lists pods.
+        wait_for(lambda: watcher.tick() and instance.get_run_by_id(run_id).tags["gpufn/capacity"] == "scheduled",
+                 what="a tick seeing the pod scheduled from its kept list")
+        assert [m["Node"] for m in event_metadata(instance, run_id) if "Node" in m] == [node]
+        assert counted.pod_lists == 1
+
+        informers.stop()  # a watch that ended (expired, failed, quiet): the next tick lists afresh
+        watcher.tick()
+        assert counted.pod_lists == 2
+    finally:
+        informers.stop()
+
+
+def test_a_kept_list_follows_its_watch_and_is_not_trusted_once_the_watch_expired_or_went_quiet(
+        cluster, core, namespace):
+    """A kept list is read once, then follows the watch (objects without their managedFields); a watch
+    the API server expired (its 410 Gone) or that was not heard from lately leaves no list to trust,
+    so the tick starts a new one."""
+    import urllib3
+
+    from gpufn_dagster.run.k8s import informers as kept
+
+    now = [time.monotonic()]
+    informer = kept.Informer(core.list_namespaced_pod, (namespace,), {}, clock=lambda: now[0])
+    try:
+        assert informer.wait(30) == []
+        core.create_namespaced_pod(namespace, {"metadata": {"name": "p", "labels": {"gpufn.dev/fake-outcome": "hold"}},
+                                               "spec": {"containers": [{"name": "c", "image": "img"}]}})
+        wait_for(lambda: [p.metadata.name for p in informer.wait(1)] == ["p"], what="the added pod kept")
+        assert "managedFields" not in informer.wait(1)[0]["metadata"]
+        core.delete_namespaced_pod("p", namespace, grace_period_seconds=0)
+        wait_for(lambda: informer.wait(1) == [], what="the deleted pod gone from the kept list")
+
+        now[0] += kept.FRESH_SECONDS + 1  # nothing heard since (the clock moved on, not the watch)
+        assert not informer.alive
+        with pytest.raises(urllib3.exceptions.ProtocolError):
+            informer.wait(1)
+    finally:
+        informer.stop()
+
+    expired = kept.Informer(core.list_namespaced_pod, (namespace,), {})
+    try:
+        expired.wait(30)
+        assert expired._apply({"type": "ERROR", "object": {"code": 410, "reason": "Expired",
+                                                         "message": "too old resource version"}}) is False
+        assert "410 Expired" in expired.ended
+    finally:
+        expired.stop()

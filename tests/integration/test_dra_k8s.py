@@ -260,7 +260,10 @@ CALLS = [("create", "resource.k8s.io", "resourceclaimtemplates"), ("patch", "res
          ("delete", "resource.k8s.io", "resourceclaimtemplates"), ("get", "resource.k8s.io", "resourceclaims"),
          ("list", "resource.k8s.io", "resourceslices"), ("list", "resource.k8s.io", "deviceclasses"),
          ("list", "", "nodes"), ("get", "batch", "jobs"), ("delete", "batch", "jobs"), ("patch", "", "pods"),
-         ("list", "", "events")]
+         ("list", "", "events"),
+         # The capacity sensor's kept lists: each listed once, then watched.
+         ("list", "", "pods"), ("watch", "", "pods"), ("list", "batch", "jobs"), ("watch", "batch", "jobs"),
+         ("watch", "", "events"), ("watch", "", "nodes")]
 
 
 def test_the_shipped_rbac_lets_dagsters_service_account_make_every_dra_call(cluster, core, namespace):

@@ -9,6 +9,7 @@ turned into one of two typed errors that say what it means for the person whose 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -75,12 +76,20 @@ def client_without_retries() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+@functools.cache
+def _camel(name: str) -> str:
+    """The JSON key of a client attribute name: `deletion_timestamp` -> `deletionTimestamp`."""
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
 class View(dict):
     """A Kubernetes object as the API sent it (JSON), read with the client's attribute names
     (`job.status.active`, `job.metadata.deletion_timestamp`; None when absent). Listing a
     thousand Jobs through the client's models spends most of a tick parsing timestamps the
     watcher never reads; a View parses nothing it is not asked for. Labels and annotations stay
-    plain dicts, as in the client's models.
+    plain dicts, as in the client's models. A field read once is kept on the View (a watch's kept
+    objects are read again every tick, and an object that changes arrives as a new one).
 
     >>> job = View({"metadata": {"name": "j", "labels": {"a": "b"}}, "status": {"conditions": [{"type": "Failed"}]}})
     >>> job.metadata.name, job.metadata.labels, job.status.active, job.status.conditions[0].type, job.spec
@@ -88,20 +97,31 @@ class View(dict):
     """
 
     def __getattr__(self, name: str) -> Any:
-        head, *rest = name.split("_")
-        value = self.get(head + "".join(word.title() for word in rest))
+        if name.startswith("__"):  # copy and pickle look for their hooks: a View has none of its own
+            raise AttributeError(name)
+        value = self.get(_camel(name))
         if isinstance(value, dict) and name not in ("labels", "annotations"):
-            return View(value)
-        if isinstance(value, list):
-            return [View(item) if isinstance(item, dict) else item for item in value]
+            value = View(value)
+        elif isinstance(value, list):
+            value = [View(item) if isinstance(item, dict) else item for item in value]
+        self.__dict__[name] = value
         return value
+
+
+def list_items(fn: Callable[..., Any], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+               deadline: float | None = None, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+    """A list call's items as the API sent them (JSON, nothing deserialized) and the list's
+    resourceVersion, from which a watch goes on (one call, bounded and retried like `call`)."""
+    answer = call(fn, *args, request_timeout=request_timeout, deadline=deadline, _preload_content=False, **kwargs)
+    body = json.loads(answer.data)
+    return body["items"], (body.get("metadata") or {}).get("resourceVersion") or ""
 
 
 def list_views(fn: Callable[..., Any], *args: Any, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
                deadline: float | None = None, **kwargs: Any) -> list[View]:
     """A list call's items as `View`s (one call, bounded and retried like `call`; nothing deserialized)."""
-    answer = call(fn, *args, request_timeout=request_timeout, deadline=deadline, _preload_content=False, **kwargs)
-    return [View(item) for item in json.loads(answer.data)["items"]]
+    return [View(item) for item in list_items(fn, *args, request_timeout=request_timeout, deadline=deadline,
+                                              **kwargs)[0]]
 
 
 def api_host() -> str:

@@ -26,7 +26,9 @@ Every Kubernetes call goes through `client.call` (a request timeout, dagster-k8s
 transient errors), so a frozen API server ends a tick with that reason; the next tick starts afresh.
 Its writes to the instance stop after `write_seconds` (`write_budget`), the first in line first
 (`capacity.write_order`): 10,000 runs starting to wait at once are told over several ticks, none
-held past the sensor's deadline. The runs it judges are kept between ticks (`kept_runs`).
+held past the sensor's deadline. The runs it judges are kept between ticks (`kept_runs`), and so,
+under the sensor, are its lists of pods, Jobs, events and nodes: watches keep them current
+(`informers`), so a steady tick over 10,000 waiting runs receives no list from the API.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from ..gauges import CAPACITY_SENSOR, ClassGauges, observations, pod_counts, sto
 from ..history import report_estimates
 from .client import (API_ERRORS, REQUEST_TIMEOUT, TICK_DEADLINE, View, answered_status, api_error, api_host, call,
                       client_without_retries, list_views)
+from .informers import Informers
 from .launcher import GpuK8sRunLauncher
 from ..kept_runs import KeptRuns
 from ..run_plan import choice_note, release_ended_runs, tag_got_class
@@ -219,13 +222,17 @@ class CapacityWatcher:
     def __init__(self, instance: DagsterInstance, core_api: Any, batch_api: Any, classes: Mapping[str, GpuClass],
                  namespace: str | None = None, request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
                  custom_api: Any = None, deadline_seconds: float = TICK_DEADLINE,
-                 write_seconds: float | None = WRITE_SECONDS, runs: KeptRuns | None = None):
+                 write_seconds: float | None = WRITE_SECONDS, runs: KeptRuns | None = None,
+                 informers: Informers | None = None):
         self.instance, self.core, self.batch, self.classes, self.namespace = (
             instance, core_api, batch_api, classes, namespace)
         self.request_timeout = request_timeout
         self.deadline_seconds = deadline_seconds
         self.write_seconds = write_seconds  # the most a tick spends writing tags and events (`write_budget`)
         self.runs = runs or gpu_runs()  # the GPU runs it judges, kept between ticks (the sensor keeps one)
+        # Its pods, Jobs, events and nodes kept current by watches between ticks (the sensor keeps
+        # one); None: every tick lists them afresh.
+        self.informers = informers
         self._deadline: float | None = None  # when the current tick's time on the API ends (time.monotonic())
         # Kueue's Workloads and LocalQueues, read only when some class is in Kueue mode.
         self.custom = custom_api or kubernetes.client.CustomObjectsApi(core_api.api_client)
@@ -235,13 +242,27 @@ class CapacityWatcher:
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
 
-    def _list(self, namespaced: Callable[..., Any], everywhere: Callable[..., Any], **kwargs: Any) -> list[View]:
-        """Pods, Jobs or events as `View`s: a tick reads a few fields of every GPU run's objects, never
-        their timestamps, and parsing 10,000 pods through the client's models would be most of it."""
-        if self.namespace:
-            return list_views(namespaced, self.namespace, request_timeout=self.request_timeout,
-                              deadline=self._deadline, **kwargs)
-        return list_views(everywhere, request_timeout=self.request_timeout, deadline=self._deadline, **kwargs)
+    def _lists(self) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, str]]]:
+        """The tick's own lists, each as (list call, its arguments, selectors), in the watcher's namespace."""
+        core, batch, namespaced = self.core, self.batch, (self.namespace,) if self.namespace else ()
+        return {"pods": (core.list_namespaced_pod if namespaced else core.list_pod_for_all_namespaces, namespaced,
+                         {"label_selector": CLASS_LABEL}),
+                "jobs": (batch.list_namespaced_job if namespaced else batch.list_job_for_all_namespaces, namespaced,
+                         {"label_selector": CLASS_LABEL}),
+                "events": (core.list_namespaced_event if namespaced else core.list_event_for_all_namespaces,
+                           namespaced, {"field_selector": _EVENTS_LISTED}),
+                "nodes": (core.list_node, (), {})}
+
+    def _read(self, fn: Callable[..., Any], args: tuple[Any, ...], selectors: dict[str, str], keep: bool = True
+              ) -> list[View]:
+        """A list as `View`s (a tick reads a few fields of every GPU run's objects, never their
+        timestamps, and parsing 10,000 pods through the client's models would be most of it): one of
+        the tick's own lists as an informer keeps it when the watcher has them (`keep`), waiting for
+        its first read only as long as the tick's deadline allows; else listed now."""
+        if self.informers is None or not keep:
+            return list_views(fn, *args, request_timeout=self.request_timeout, deadline=self._deadline, **selectors)
+        left = self.deadline_seconds if self._deadline is None else self._deadline - time.monotonic()
+        return self.informers.of(fn, args, selectors).wait(left)
 
     def _pool(self, accepted: tuple[GpuClass, ...], nodes: list[Any]) -> list[Any]:
         """The nodes of every class accepted: where the pod may land (once per tick and choice of
@@ -250,9 +271,6 @@ class CapacityWatcher:
         if key not in self._pools:
             self._pools[key] = [node for gpu_class in accepted for node in class_nodes(gpu_class, nodes)]
         return self._pools[key]
-
-    def _jobs(self, **kwargs: Any) -> list[View]:
-        return self._list(self.batch.list_namespaced_job, self.batch.list_job_for_all_namespaces, **kwargs)
 
     def tick(self, now: float | None = None) -> TickReport:
         """One pass over every GPU run; its API calls together take at most `deadline_seconds`.
@@ -292,14 +310,17 @@ class CapacityWatcher:
     def _observe(self) -> _Seen:
         """Every list the tick reads, before it touches a run: GPU pods and Jobs (by label), the GPU
         runs starting (and those placed per step), the autoscalers' events, nodes and Kueue's Workloads."""
-        pods = self._list(self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, label_selector=CLASS_LABEL)
-        jobs = self._jobs(label_selector=CLASS_LABEL)
+        lists = self._lists()
+        if self.informers is not None:  # kept lists: all four read side by side from the first tick on
+            for listed in lists.values():
+                self.informers.of(*listed)
+        pods, jobs = self._read(*lists["pods"]), self._read(*lists["jobs"])
         kept = self.runs.read(self.instance)
         starting = [r for r in kept if r.tags.get(PLACEMENT_TAG) == RunKind.GPU.value]
         per_step = [r for r in kept if r.tags.get(PLACEMENT_TAG) == RunKind.PER_STEP.value]
-        events = self._scheduling_events({_name(p) for p in pods if not p.spec.node_name})
-        nodes = (list_views(self.core.list_node, request_timeout=self.request_timeout, deadline=self._deadline)
-                 if starting or per_step or _placed_choices(pods) else [])
+        waiting_pods = {_name(p) for p in pods if not p.spec.node_name}
+        events = self._scheduling_events(waiting_pods, self._read(*lists["events"]) if waiting_pods else [])
+        nodes = self._read(*lists["nodes"]) if starting or per_step or _placed_choices(pods) else []
         workloads = self._workloads() if (starting or per_step) and any(c.kueue for c in self.classes.values()) else {}
         return _Seen(pods, jobs, starting, per_step, events, nodes, workloads, self._dra(nodes) if nodes else {})
 
@@ -327,6 +348,7 @@ class CapacityWatcher:
         lines = _Lines(kueue_positions=kueue.queue_positions(seen.workloads.values()))
         pods_by_run = {_run_id(p): p for p in seen.pods if _run_id(p) and not _step_of(p)}
         jobs_by_run = {_run_id(j): j for j in seen.jobs if _run_id(j)}
+        list_jobs, in_namespace, _ = self._lists()["jobs"]
         for run in seen.starting:
             accepted = accept(run.tags.get(GPU_CLASS_TAG, ""), None, self.classes, lenient=True)
             if not accepted:
@@ -343,7 +365,8 @@ class CapacityWatcher:
                 # A run listed before its Job existed has lost nothing: it is looked up again here,
                 # while observing, so judging and applying make no API call.
                 if (workload is None or workload.state != KueueState.ADMITTED) and not (
-                        job is None and self._jobs(label_selector=f"dagster/run-id={run.run_id}")):
+                        job is None and self._read(list_jobs, in_namespace,
+                                                   {"label_selector": f"dagster/run-id={run.run_id}"}, keep=False)):
                     lines.podless.append((run, job))
                 continue
             count = int(run.tags.get(RUN_GPU_COUNT_TAG, "1"))
@@ -501,13 +524,11 @@ class CapacityWatcher:
                 statuses[(workload["metadata"]["namespace"], status.job)] = status
         return statuses
 
-    def _scheduling_events(self, waiting_pods: set[str]) -> dict[str, list[Any]]:
+    @staticmethod
+    def _scheduling_events(waiting_pods: set[str], listed: list[View]) -> dict[str, list[Any]]:
         """The autoscalers' events about pods that are not bound yet, by pod name."""
         events: dict[str, list[Any]] = defaultdict(list)
-        if not waiting_pods:
-            return events
-        for event in self._list(self.core.list_namespaced_event, self.core.list_event_for_all_namespaces,
-                                field_selector=_EVENTS_LISTED):
+        for event in listed:
             if event.reason in AUTOSCALER_REASONS and event.involved_object.name in waiting_pods:
                 events[event.involved_object.name].append(event)
         return events
@@ -583,6 +604,7 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
     """
 
     runs = gpu_runs()  # kept between this sensor's ticks in the process that evaluates it
+    informers = Informers()  # the ticks' lists of pods, Jobs, events and nodes, kept current by watches
 
     @dg.sensor(name=CAPACITY_SENSOR, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED,
@@ -605,7 +627,8 @@ def capacity_sensor(*, namespace: str | None = None, classes_dir: ClassesDir = N
         watcher = CapacityWatcher(context.instance, kubernetes.client.CoreV1Api(client),
                                   kubernetes.client.BatchV1Api(client), classes, namespace or launcher.job_namespace,
                                   request_timeout=request_timeout, custom_api=kubernetes.client.CustomObjectsApi(client),
-                                  deadline_seconds=deadline_seconds, write_seconds=write_seconds, runs=runs)
+                                  deadline_seconds=deadline_seconds, write_seconds=write_seconds, runs=runs,
+                                  informers=informers)
         try:
             report = watcher.tick()
         except API_ERRORS as err:
