@@ -228,7 +228,7 @@ def refresh_state(python_file: Path | None, module_name: str | None) -> None:
         raise click.ClickException(f"{target}: no build_definitions(schemas_state=...) ran, so there is no state "
                                    "file to write: pass schemas_state to build_definitions")
     for path, db_uri, tables in written:
-        click.echo(f"wrote {path}: the schemas of {len(tables)} table(s) of {db_uri} ({', '.join(tables)})")
+        click.echo(f"wrote {path.resolve()}: the schemas of {len(tables)} table(s) of {db_uri} ({', '.join(tables)})")
 
 
 @main.command("append-docs")

@@ -13,6 +13,7 @@ exist before either has run.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,13 @@ def check_tables(assets: Sequence[Any], lancedb: LanceDBResource, schemas_state:
     problems = table_problems(assets, schemas, lancedb)
     if problems and from_state:
         problems = table_problems(assets, confirmed(lancedb, tables), lancedb)
+        if problems:  # the tables say so too: the snapshot is not the cause, but say it was used
+            problems.append(f"(the schemas state file {schemas_state} showed this, and reading the tables of "
+                            f"{lancedb.uri} confirmed it)")
+        else:  # the snapshot is older than the tables: this load read them; the next ones will too
+            warnings.warn(f"{schemas_state}: the schemas state is older than the tables of {lancedb.uri} (a Function "
+                          "reads a column or table it lacks), so this load read the tables; run `gpufn "
+                          "refresh-state` to write it again", stacklevel=2)
     if problems:
         raise FunctionDefinitionError("\n".join(problems))
 

@@ -111,10 +111,12 @@ def test_what_a_stale_state_finds_wrong_is_judged_on_the_tables(tmp_path, opens)
     docs.add(pa.table({"id": [2], "text": ["b"]}))
     docs.add_columns({"title": "text"})  # since the snapshot
     opens.clear()
-    with_state(db_uri, state, "t", udf=titled)
+    with pytest.warns(UserWarning, match=f"{state}: the schemas state is older than the tables of {db_uri}"):
+        with_state(db_uri, state, "t", udf=titled)
     assert opens == ["docs"]
-    with pytest.raises(Exception, match="field 'inputs': table 'docs' has no column 'titel'; it has id, text, title"):
+    with pytest.raises(Exception, match="field 'inputs': table 'docs' has no column 'titel'; it has id, text, title") as err:
         with_state(db_uri, state, "t", udf=mistyped)
+    assert f"the schemas state file {state} showed this, and reading the tables of {db_uri} confirmed it" in str(err.value)
     assert read_state(state, db_uri)["docs"].names == ["id", "text"]  # the load writes no state: refresh-state does
 
 
