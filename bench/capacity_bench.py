@@ -143,7 +143,7 @@ def measure(cluster: DevCluster, classes: dict, instance, namespace: str, runs: 
     wall, cpu, report = timed(sensor.tick)
     out["sensor's first tick writing nothing (lists, starts the watches)"] = (wall, cpu, "")
     time.sleep(2)
-    for label in ("sensor's steady tick (kept lists, writing nothing)", "the same again "):
+    for label in ("sensor's steady tick (kept lists, writing nothing)", "the sensor's steady tick again"):
         wall, cpu, report = timed(sensor.tick)
         assert sum(r.waiting for r in report.classes.values()) == runs, report.summary()
         out[label] = (wall, cpu, f"{report.left_out} updates not written")
